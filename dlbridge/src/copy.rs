@@ -1,0 +1,344 @@
+//! Contiguous copies of any CPU-reachable view, into 64-byte aligned memory.
+//!
+//! Contiguous sources are one `memcpy`. Strided sources are first simplified
+//! (axes of extent 1 dropped, axes that are contiguous with each other merged);
+//! rows whose elements are adjacent are copied with `memcpy`, and the rest goes
+//! through tiles of the two innermost axes so that both the reads and the
+//! writes stay in cache (transposes are the common case).
+
+use core::alloc::Layout;
+use core::ptr::NonNull;
+
+use crate::error::Error;
+use crate::ffi::DLPACK_FLAG_BITMASK_IS_COPIED;
+use crate::managed::{Managed, ManagedAbi};
+use crate::view::TensorView;
+use crate::{export, DataType, Device};
+
+/// Alignment of every buffer this crate allocates; JAX copies data that is not
+/// 64-byte aligned, and AVX-512 loads like it too.
+pub const ALIGNMENT: usize = 64;
+
+/// A heap buffer aligned to [`ALIGNMENT`]. Its bytes are always initialised
+/// before anyone can see them.
+pub struct AlignedBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer is a uniquely owned heap allocation, like a Vec<u8>.
+unsafe impl Send for AlignedBuffer {}
+// SAFETY: shared access only reads.
+unsafe impl Sync for AlignedBuffer {}
+
+impl AlignedBuffer {
+    fn layout(len: usize) -> Layout {
+        // Cannot fail for len <= isize::MAX - ALIGNMENT, which `alloc` checks first.
+        Layout::from_size_align(len.max(1), ALIGNMENT).expect("aligned layout")
+    }
+
+    fn alloc(len: usize, zeroed: bool) -> Result<Self, Error> {
+        if len > isize::MAX as usize - ALIGNMENT {
+            return Err(Error::SizeOverflow { shape: vec![len as i64] });
+        }
+        let layout = Self::layout(len);
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { if zeroed { std::alloc::alloc_zeroed(layout) } else { std::alloc::alloc(layout) } };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Ok(AlignedBuffer { ptr, len })
+    }
+
+    /// A zeroed buffer of `len` bytes.
+    pub fn zeroed(len: usize) -> Result<Self, Error> {
+        Self::alloc(len, true)
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len` initialised bytes owned by self.
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `len` initialised bytes owned uniquely by self.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Exports the buffer as a writable tensor of `dtype` and `shape`, row-major.
+    pub fn into_tensor<M: ManagedAbi>(mut self, dtype: DataType, shape: &[i64]) -> Result<Managed<M>, Error> {
+        let numel = crate::view::element_count(shape)?;
+        let needed = dtype
+            .storage_bytes(numel as u64, false)
+            .ok_or_else(|| Error::SizeOverflow { shape: shape.to_vec() })?;
+        if needed > self.len as u64 {
+            return Err(Error::OutOfBounds { lowest: 0, highest: numel as i64 - 1, len: self.len });
+        }
+        let data = self.as_mut_slice().as_mut_ptr().cast();
+        let layout = export::RawLayout { dtype, device: Device::CPU, shape, strides: None, byte_offset: 0 };
+        // SAFETY: a row-major layout of `numel` elements needs `needed` bytes,
+        // which the buffer holds; the buffer is the owner and does not move.
+        unsafe { export::export_raw(self, data, layout, 0) }
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `alloc` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+    }
+}
+
+/// A zero-filled, writable, row-major CPU tensor of `dtype` and `shape`.
+pub fn zeros<M: ManagedAbi>(dtype: DataType, shape: &[i64]) -> Result<Managed<M>, Error> {
+    dtype.validate()?;
+    let numel = crate::view::element_count(shape)?;
+    let bytes = dtype
+        .storage_bytes(numel as u64, false)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| Error::SizeOverflow { shape: shape.to_vec() })?;
+    AlignedBuffer::zeroed(bytes)?.into_tensor(dtype, shape)
+}
+
+/// An owned, C-contiguous copy of `view`, with IS_COPIED set on versioned tensors.
+///
+/// Packed sub-byte dtypes are copied only when the source is already
+/// contiguous; a strided packed layout is refused.
+pub fn to_contiguous<M: ManagedAbi>(view: &TensorView<'_>) -> Result<Managed<M>, Error> {
+    if !view.device().is_cpu_accessible() {
+        return Err(Error::NotCpuAccessible { device: view.device() });
+    }
+    let nbytes = view.nbytes();
+    // Left uninitialised: both branches below write every one of its bytes
+    // before the buffer is exported.
+    let buffer = AlignedBuffer::alloc(nbytes, false)?;
+    let dst = buffer.ptr.as_ptr();
+    if let Some(src) = view.as_bytes() {
+        // SAFETY: a contiguous view's bytes are exactly `nbytes` long; the buffer
+        // is a fresh allocation of that size.
+        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), dst, nbytes) };
+    } else {
+        let itemsize = match view.dtype().itemsize() {
+            Some(size) if !view.is_subbyte_padded() || !view.dtype().is_sub_byte() => size,
+            _ => return Err(Error::UnsupportedDtype { dtype: view.dtype(), operation: "a strided copy" }),
+        };
+        let shape: Vec<usize> = view.shape().iter().map(|&d| d as usize).collect();
+        let strides: Vec<isize> = view.strides().iter().map(|&s| s as isize * itemsize as isize).collect();
+        // SAFETY: the view was validated: every byte its layout reaches from
+        // `as_ptr` is readable, and the buffer holds `nbytes` = numel * itemsize.
+        unsafe {
+            strided_copy(view.as_ptr().cast(), dst, &shape, &strides, itemsize);
+        }
+    }
+    let mut tensor: Managed<M> = buffer.into_tensor(view.dtype(), view.shape())?;
+    set_copied(&mut tensor);
+    Ok(tensor)
+}
+
+fn set_copied<M: ManagedAbi>(tensor: &mut Managed<M>) {
+    if tensor.version().is_some() {
+        let raw = tensor.as_raw() as *const M as *mut crate::ffi::DLManagedTensorVersioned;
+        // SAFETY: `version()` is Some only for the versioned struct, which this is;
+        // the tensor is freshly made and owned, nothing borrows its flags.
+        unsafe { (*raw).flags |= DLPACK_FLAG_BITMASK_IS_COPIED };
+    }
+}
+
+/// Drops axes of extent 1 and merges axes that are contiguous with each other.
+fn simplify(shape: &[usize], strides: &[isize]) -> (Vec<usize>, Vec<isize>) {
+    let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
+    let mut out_strides: Vec<isize> = Vec::with_capacity(shape.len());
+    for (&d, &s) in shape.iter().zip(strides) {
+        if d == 1 {
+            continue;
+        }
+        if let (Some(last_d), Some(&last_s)) = (out_shape.last_mut(), out_strides.last()) {
+            if last_s == s * d as isize {
+                *last_d *= d;
+                *out_strides.last_mut().expect("same length") = s;
+                continue;
+            }
+        }
+        out_shape.push(d);
+        out_strides.push(s);
+    }
+    (out_shape, out_strides)
+}
+
+/// Copies the elements of a strided source, in row-major index order, to `dst`.
+///
+/// # Safety
+/// Every element the layout reaches from `src` must be readable, `dst` must be
+/// writable for `prod(shape) * itemsize` bytes, and the two must not overlap.
+unsafe fn strided_copy(src: *const u8, dst: *mut u8, shape: &[usize], strides: &[isize], itemsize: usize) {
+    let (shape, strides) = simplify(shape, strides);
+    if shape.contains(&0) {
+        return;
+    }
+    // SAFETY (all blocks below): forwarded from the caller; the loops visit each
+    // index of `shape` once, reading at its strided offset and writing densely.
+    unsafe {
+        match (shape.len(), strides.last()) {
+            (0, _) => core::ptr::copy_nonoverlapping(src, dst, itemsize),
+            (_, Some(&s)) if s == itemsize as isize => {
+                let row = shape[shape.len() - 1];
+                let outer = &shape[..shape.len() - 1];
+                for_each_index(outer, &strides[..strides.len() - 1], |offset, k| {
+                    core::ptr::copy_nonoverlapping(src.offset(offset), dst.add(k * row * itemsize), row * itemsize);
+                });
+            }
+            (1, _) => match itemsize {
+                1 => copy_column::<1>(src, dst, shape[0], strides[0]),
+                2 => copy_column::<2>(src, dst, shape[0], strides[0]),
+                4 => copy_column::<4>(src, dst, shape[0], strides[0]),
+                8 => copy_column::<8>(src, dst, shape[0], strides[0]),
+                16 => copy_column::<16>(src, dst, shape[0], strides[0]),
+                _ => {
+                    for i in 0..shape[0] {
+                        core::ptr::copy_nonoverlapping(src.offset(i as isize * strides[0]), dst.add(i * itemsize), itemsize);
+                    }
+                }
+            },
+            (n, _) => {
+                let (rows, cols) = (shape[n - 2], shape[n - 1]);
+                let (rs, cs) = (strides[n - 2], strides[n - 1]);
+                let plane = rows * cols * itemsize;
+                for_each_index(&shape[..n - 2], &strides[..n - 2], |offset, k| {
+                    let (s, d) = (src.offset(offset), dst.add(k * plane));
+                    match itemsize {
+                        1 => copy_tiled::<1>(s, d, rows, cols, rs, cs),
+                        2 => copy_tiled::<2>(s, d, rows, cols, rs, cs),
+                        4 => copy_tiled::<4>(s, d, rows, cols, rs, cs),
+                        8 => copy_tiled::<8>(s, d, rows, cols, rs, cs),
+                        16 => copy_tiled::<16>(s, d, rows, cols, rs, cs),
+                        _ => copy_tiled_dyn(s, d, rows, cols, rs, cs, itemsize),
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Calls `f(byte_offset, linear_index)` for every index of `shape`, in row-major order.
+fn for_each_index(shape: &[usize], strides: &[isize], mut f: impl FnMut(isize, usize)) {
+    let total: usize = shape.iter().product();
+    let mut index = vec![0usize; shape.len()];
+    let mut offset = 0isize;
+    for k in 0..total {
+        f(offset, k);
+        for axis in (0..shape.len()).rev() {
+            index[axis] += 1;
+            offset += strides[axis];
+            if index[axis] < shape[axis] {
+                break;
+            }
+            offset -= strides[axis] * shape[axis] as isize;
+            index[axis] = 0;
+        }
+    }
+}
+
+unsafe fn copy_column<const N: usize>(src: *const u8, dst: *mut u8, n: usize, stride: isize) {
+    let dst = dst.cast::<[u8; N]>();
+    for i in 0..n {
+        // SAFETY: forwarded from `strided_copy`; unaligned access is explicit.
+        unsafe { dst.add(i).write_unaligned(src.offset(i as isize * stride).cast::<[u8; N]>().read_unaligned()) };
+    }
+}
+
+const TILE: usize = 32;
+
+unsafe fn copy_tiled<const N: usize>(src: *const u8, dst: *mut u8, rows: usize, cols: usize, rs: isize, cs: isize) {
+    let dst = dst.cast::<[u8; N]>();
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    // SAFETY: forwarded from `strided_copy`.
+                    unsafe {
+                        let v = src.offset(r as isize * rs + c as isize * cs).cast::<[u8; N]>().read_unaligned();
+                        dst.add(r * cols + c).write_unaligned(v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn copy_tiled_dyn(src: *const u8, dst: *mut u8, rows: usize, cols: usize, rs: isize, cs: isize, size: usize) {
+    for r in 0..rows {
+        for c in 0..cols {
+            // SAFETY: forwarded from `strided_copy`.
+            unsafe {
+                core::ptr::copy_nonoverlapping(src.offset(r as isize * rs + c as isize * cs), dst.add((r * cols + c) * size), size);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::DLTensor;
+    use crate::ManagedTensor;
+
+    fn view_of<'a>(t: &'a DLTensor) -> TensorView<'a> {
+        // SAFETY: the tests build `t` over live vectors.
+        unsafe { TensorView::from_dltensor(t, false) }.unwrap()
+    }
+
+    fn dl(data: &mut [i32], shape: &mut [i64], strides: &mut [i64], first: usize) -> DLTensor {
+        DLTensor {
+            data: data.as_mut_ptr().cast(),
+            device: Device::CPU,
+            ndim: shape.len() as i32,
+            dtype: DataType::INT32,
+            shape: shape.as_mut_ptr(),
+            strides: strides.as_mut_ptr(),
+            byte_offset: (first * 4) as u64,
+        }
+    }
+
+    #[test]
+    fn transpose_and_reverse() {
+        let mut data: Vec<i32> = (0..6).collect();
+        // A (3, 2) transpose of a row-major (2, 3).
+        let (mut shape, mut strides) = ([3i64, 2], [1i64, 3]);
+        let t = dl(&mut data, &mut shape, &mut strides, 0);
+        let c: ManagedTensor = to_contiguous(&view_of(&t)).unwrap();
+        assert_eq!(c.view().as_slice::<i32>().unwrap(), &[0, 3, 1, 4, 2, 5]);
+        assert!(c.is_copied());
+        assert_eq!(c.view().as_ptr() as usize % ALIGNMENT, 0);
+        // Reversed rows.
+        let (mut shape, mut strides) = ([2i64, 3], [-3i64, 1]);
+        let t = dl(&mut data, &mut shape, &mut strides, 3);
+        let c: ManagedTensor = to_contiguous(&view_of(&t)).unwrap();
+        assert_eq!(c.view().as_slice::<i32>().unwrap(), &[3, 4, 5, 0, 1, 2]);
+    }
+
+    #[test]
+    fn broadcast_and_scalar() {
+        let mut data = vec![5i32];
+        let (mut shape, mut strides) = ([2i64, 3], [0i64, 0]);
+        let t = dl(&mut data, &mut shape, &mut strides, 0);
+        let c: ManagedTensor = to_contiguous(&view_of(&t)).unwrap();
+        assert_eq!(c.view().as_slice::<i32>().unwrap(), &[5; 6]);
+    }
+
+    #[test]
+    fn zeros_are_zero_and_aligned() {
+        let z: ManagedTensor = zeros(DataType::FLOAT64, &[3, 5]).unwrap();
+        assert_eq!(z.view().as_slice::<f64>().unwrap(), &[0.0; 15]);
+        assert_eq!(z.view().as_ptr() as usize % ALIGNMENT, 0);
+        let fp4 = DataType::new(crate::DataTypeCode::FLOAT4_E2M1FN, 4, 1);
+        let z: ManagedTensor = zeros(fp4, &[3]).unwrap();
+        assert_eq!(z.view().nbytes(), 2);
+    }
+
+    #[test]
+    fn simplify_merges_contiguous_axes() {
+        assert_eq!(simplify(&[2, 1, 3, 4], &[48, 7, 16, 4]), (vec![24], vec![4]));
+        assert_eq!(simplify(&[2, 3], &[4, 8]), (vec![2, 3], vec![4, 8]));
+    }
+}

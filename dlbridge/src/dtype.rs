@@ -1,0 +1,512 @@
+//! Element types: the DLPack `DLDataType` triple, its canonical names, its
+//! validity rules and the Rust types that match it.
+//!
+//! [`TABLE`] is the project's only dtype table: the Python layer reads names and
+//! buffer-protocol formats from it too.
+
+use core::fmt;
+use core::str::FromStr;
+
+use crate::error::Error;
+
+/// A DLPack type code (`DLDataTypeCode`). Any `u8` is representable; unknown
+/// codes are rejected by [`DataType::validate`], never by the type system.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct DataTypeCode(pub u8);
+
+impl DataTypeCode {
+    /// Signed integer.
+    pub const INT: Self = Self(0);
+    /// Unsigned integer.
+    pub const UINT: Self = Self(1);
+    /// IEEE floating point.
+    pub const FLOAT: Self = Self(2);
+    /// Opaque handle, for testing.
+    pub const OPAQUE_HANDLE: Self = Self(3);
+    /// bfloat16.
+    pub const BFLOAT: Self = Self(4);
+    /// Complex: `bits` counts both parts (complex64 has 64).
+    pub const COMPLEX: Self = Self(5);
+    /// Boolean, one byte per element.
+    pub const BOOL: Self = Self(6);
+    /// 8-bit float, 3 exponent bits.
+    pub const FLOAT8_E3M4: Self = Self(7);
+    /// 8-bit float, 4 exponent bits, IEEE-like.
+    pub const FLOAT8_E4M3: Self = Self(8);
+    /// 8-bit float, 4 exponent bits, bias 11, finite, unsigned zero (Graphcore).
+    pub const FLOAT8_E4M3B11FNUZ: Self = Self(9);
+    /// 8-bit float, 4 exponent bits, finite (OCP E4M3).
+    pub const FLOAT8_E4M3FN: Self = Self(10);
+    /// 8-bit float, 4 exponent bits, finite, unsigned zero.
+    pub const FLOAT8_E4M3FNUZ: Self = Self(11);
+    /// 8-bit float, 5 exponent bits (OCP E5M2).
+    pub const FLOAT8_E5M2: Self = Self(12);
+    /// 8-bit float, 5 exponent bits, finite, unsigned zero.
+    pub const FLOAT8_E5M2FNUZ: Self = Self(13);
+    /// 8-bit exponent-only scale (MX E8M0).
+    pub const FLOAT8_E8M0FNU: Self = Self(14);
+    /// 6-bit float, 2 exponent bits; `bits` must be 6.
+    pub const FLOAT6_E2M3FN: Self = Self(15);
+    /// 6-bit float, 3 exponent bits; `bits` must be 6.
+    pub const FLOAT6_E3M2FN: Self = Self(16);
+    /// 4-bit float; `bits` must be 4.
+    pub const FLOAT4_E2M1FN: Self = Self(17);
+
+    /// Whether DLPack 1.3 defines this code.
+    pub const fn is_known(self) -> bool {
+        self.0 <= 17
+    }
+}
+
+/// An element type (`DLDataType`): a code, the bits of one lane, and the lanes
+/// per element (1 for scalars, more for vector types such as `float32x4`).
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DataType {
+    /// The kind of number.
+    pub code: DataTypeCode,
+    /// Bits of one lane.
+    pub bits: u8,
+    /// Lanes per element; at least 1.
+    pub lanes: u16,
+}
+
+/// One row of the dtype table: a canonical name, its type, and the Python
+/// `struct` format used by the buffer protocol (`None` where it has none).
+#[derive(Clone, Copy, Debug)]
+pub struct DTypeEntry {
+    /// Canonical name, as NumPy and ml_dtypes spell it.
+    pub name: &'static str,
+    /// The scalar type (lanes = 1).
+    pub dtype: DataType,
+    /// PEP 3118 format character(s), where one exists.
+    pub buffer_format: Option<&'static str>,
+}
+
+const fn entry(name: &'static str, code: DataTypeCode, bits: u8, fmt: Option<&'static str>) -> DTypeEntry {
+    DTypeEntry { name, dtype: DataType { code, bits, lanes: 1 }, buffer_format: fmt }
+}
+
+/// Every named scalar type, in a stable order.
+pub const TABLE: &[DTypeEntry] = {
+    use DataTypeCode as C;
+    &[
+        entry("bool", C::BOOL, 8, Some("?")),
+        entry("int8", C::INT, 8, Some("b")),
+        entry("int16", C::INT, 16, Some("h")),
+        entry("int32", C::INT, 32, Some("i")),
+        entry("int64", C::INT, 64, Some("q")),
+        entry("uint8", C::UINT, 8, Some("B")),
+        entry("uint16", C::UINT, 16, Some("H")),
+        entry("uint32", C::UINT, 32, Some("I")),
+        entry("uint64", C::UINT, 64, Some("Q")),
+        entry("float16", C::FLOAT, 16, Some("e")),
+        entry("float32", C::FLOAT, 32, Some("f")),
+        entry("float64", C::FLOAT, 64, Some("d")),
+        entry("bfloat16", C::BFLOAT, 16, None),
+        entry("complex32", C::COMPLEX, 32, None),
+        entry("complex64", C::COMPLEX, 64, Some("Zf")),
+        entry("complex128", C::COMPLEX, 128, Some("Zd")),
+        entry("float8_e3m4", C::FLOAT8_E3M4, 8, None),
+        entry("float8_e4m3", C::FLOAT8_E4M3, 8, None),
+        entry("float8_e4m3b11fnuz", C::FLOAT8_E4M3B11FNUZ, 8, None),
+        entry("float8_e4m3fn", C::FLOAT8_E4M3FN, 8, None),
+        entry("float8_e4m3fnuz", C::FLOAT8_E4M3FNUZ, 8, None),
+        entry("float8_e5m2", C::FLOAT8_E5M2, 8, None),
+        entry("float8_e5m2fnuz", C::FLOAT8_E5M2FNUZ, 8, None),
+        entry("float8_e8m0fnu", C::FLOAT8_E8M0FNU, 8, None),
+        entry("float6_e2m3fn", C::FLOAT6_E2M3FN, 6, None),
+        entry("float6_e3m2fn", C::FLOAT6_E3M2FN, 6, None),
+        entry("float4_e2m1fn", C::FLOAT4_E2M1FN, 4, None),
+    ]
+};
+
+impl DataType {
+    /// A type from its three fields.
+    pub const fn new(code: DataTypeCode, bits: u8, lanes: u16) -> Self {
+        DataType { code, bits, lanes }
+    }
+    /// `bool`, stored as one byte.
+    pub const BOOL: Self = Self::new(DataTypeCode::BOOL, 8, 1);
+    /// `int8`.
+    pub const INT8: Self = Self::new(DataTypeCode::INT, 8, 1);
+    /// `int16`.
+    pub const INT16: Self = Self::new(DataTypeCode::INT, 16, 1);
+    /// `int32`.
+    pub const INT32: Self = Self::new(DataTypeCode::INT, 32, 1);
+    /// `int64`.
+    pub const INT64: Self = Self::new(DataTypeCode::INT, 64, 1);
+    /// `uint8`.
+    pub const UINT8: Self = Self::new(DataTypeCode::UINT, 8, 1);
+    /// `uint16`.
+    pub const UINT16: Self = Self::new(DataTypeCode::UINT, 16, 1);
+    /// `uint32`.
+    pub const UINT32: Self = Self::new(DataTypeCode::UINT, 32, 1);
+    /// `uint64`.
+    pub const UINT64: Self = Self::new(DataTypeCode::UINT, 64, 1);
+    /// `float16`.
+    pub const FLOAT16: Self = Self::new(DataTypeCode::FLOAT, 16, 1);
+    /// `float32`.
+    pub const FLOAT32: Self = Self::new(DataTypeCode::FLOAT, 32, 1);
+    /// `float64`.
+    pub const FLOAT64: Self = Self::new(DataTypeCode::FLOAT, 64, 1);
+    /// `bfloat16`.
+    pub const BFLOAT16: Self = Self::new(DataTypeCode::BFLOAT, 16, 1);
+    /// `complex64`: two `float32`.
+    pub const COMPLEX64: Self = Self::new(DataTypeCode::COMPLEX, 64, 1);
+    /// `complex128`: two `float64`.
+    pub const COMPLEX128: Self = Self::new(DataTypeCode::COMPLEX, 128, 1);
+
+    /// The same type with `lanes` lanes.
+    pub const fn with_lanes(self, lanes: u16) -> Self {
+        DataType { lanes, ..self }
+    }
+
+    /// Checks the header's rules: a known code, bits that fit the code (bool 8,
+    /// float8 8, float6 6, float4 4, bfloat 16, ...), and at least one lane.
+    pub fn validate(self) -> Result<(), Error> {
+        use DataTypeCode as C;
+        if self.lanes == 0 {
+            return Err(Error::ZeroLanes { dtype: self });
+        }
+        let bits = self.bits;
+        let expected: &'static str = match self.code {
+            C::INT | C::UINT => {
+                if bits >= 1 && (bits <= 8 || matches!(bits, 16 | 32 | 64)) {
+                    return Ok(());
+                }
+                "1 to 8, 16, 32 or 64"
+            }
+            C::FLOAT => {
+                if matches!(bits, 16 | 32 | 64) {
+                    return Ok(());
+                }
+                "16, 32 or 64"
+            }
+            C::OPAQUE_HANDLE => {
+                if bits >= 1 {
+                    return Ok(());
+                }
+                "at least 1"
+            }
+            C::BFLOAT => {
+                if bits == 16 {
+                    return Ok(());
+                }
+                "16"
+            }
+            C::COMPLEX => {
+                if matches!(bits, 32 | 64 | 128) {
+                    return Ok(());
+                }
+                "32, 64 or 128"
+            }
+            C::BOOL => {
+                if bits == 8 {
+                    return Ok(());
+                }
+                "8"
+            }
+            c if (7..=14).contains(&c.0) => {
+                if bits == 8 {
+                    return Ok(());
+                }
+                "8"
+            }
+            C::FLOAT6_E2M3FN | C::FLOAT6_E3M2FN => {
+                if bits == 6 {
+                    return Ok(());
+                }
+                "6"
+            }
+            C::FLOAT4_E2M1FN => {
+                if bits == 4 {
+                    return Ok(());
+                }
+                "4"
+            }
+            code => return Err(Error::UnknownDtypeCode { code: code.0 }),
+        };
+        Err(Error::InvalidDtypeBits { dtype: self, expected })
+    }
+
+    /// Bits of one element, all lanes together.
+    pub const fn element_bits(self) -> u32 {
+        self.bits as u32 * self.lanes as u32
+    }
+
+    /// Bytes of one element when that is a whole number; `None` for packed
+    /// sub-byte types such as `float4_e2m1fn`.
+    pub const fn itemsize(self) -> Option<usize> {
+        let bits = self.element_bits();
+        if bits % 8 == 0 && bits > 0 {
+            Some((bits / 8) as usize)
+        } else {
+            None
+        }
+    }
+
+    /// Whether elements are smaller than a byte or not byte-aligned, and so are
+    /// packed (little bit-endian) unless the producer sets `IS_SUBBYTE_TYPE_PADDED`.
+    pub const fn is_sub_byte(self) -> bool {
+        self.element_bits() % 8 != 0
+    }
+
+    /// Bytes needed for `count` elements, packed or padded; `None` on overflow.
+    pub fn storage_bytes(self, count: u64, padded: bool) -> Option<u64> {
+        let bits = u64::from(self.element_bits());
+        if padded {
+            count.checked_mul(bits.div_ceil(8))
+        } else {
+            Some(count.checked_mul(bits)?.div_ceil(8))
+        }
+    }
+
+    /// The table row of this scalar type, ignoring lanes.
+    pub fn entry(self) -> Option<&'static DTypeEntry> {
+        TABLE.iter().find(|e| e.dtype.code == self.code && e.dtype.bits == self.bits)
+    }
+
+    /// The canonical name of the scalar type, ignoring lanes (`"float32"`).
+    pub fn scalar_name(self) -> Option<&'static str> {
+        self.entry().map(|e| e.name)
+    }
+
+    /// The PEP 3118 format of one element, for single-lane types that have one.
+    pub fn buffer_format(self) -> Option<&'static str> {
+        if self.lanes != 1 {
+            return None;
+        }
+        self.entry().and_then(|e| e.buffer_format)
+    }
+
+    /// Parses a PEP 3118 format string of one scalar element, such as `"<f"` or
+    /// `"Zd"`. Byte-order prefixes must name native order.
+    pub fn from_buffer_format(format: &str) -> Option<Self> {
+        let body = match format.as_bytes().first() {
+            Some(b'@' | b'=') => &format[1..],
+            Some(b'<') if cfg!(target_endian = "little") => &format[1..],
+            Some(b'>' | b'!') if cfg!(target_endian = "big") => &format[1..],
+            Some(b'<' | b'>' | b'!') => return None,
+            _ => format,
+        };
+        // Platform-sized C types, for native-order formats.
+        let body = match body {
+            "l" => if core::mem::size_of::<core::ffi::c_long>() == 8 { "q" } else { "i" },
+            "L" => if core::mem::size_of::<core::ffi::c_long>() == 8 { "Q" } else { "I" },
+            "n" => if cfg!(target_pointer_width = "64") { "q" } else { "i" },
+            "N" => if cfg!(target_pointer_width = "64") { "Q" } else { "I" },
+            "c" => "B",
+            other => other,
+        };
+        TABLE.iter().find(|e| e.buffer_format == Some(body)).map(|e| e.dtype)
+    }
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use DataTypeCode as C;
+        match (self.scalar_name(), self.code) {
+            (Some(name), _) => f.write_str(name)?,
+            (None, C::INT) => write!(f, "int{}", self.bits)?,
+            (None, C::UINT) => write!(f, "uint{}", self.bits)?,
+            (None, C::OPAQUE_HANDLE) => write!(f, "handle{}", self.bits)?,
+            _ => {
+                return write!(f, "dtype(code={}, bits={}, lanes={})", self.code.0, self.bits, self.lanes)
+            }
+        }
+        if self.lanes != 1 {
+            write!(f, "x{}", self.lanes)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl FromStr for DataType {
+    type Err = Error;
+
+    /// Parses a canonical name, `intN`/`uintN`/`handleN`, and an optional
+    /// `xL` lanes suffix (`"float32x4"`).
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let dtype = match parse_scalar(s) {
+            Some(scalar) => scalar,
+            None => s
+                .rsplit_once('x')
+                .and_then(|(base, lanes)| {
+                    let lanes = lanes.parse::<u16>().ok().filter(|_| lanes.bytes().all(|b| b.is_ascii_digit()))?;
+                    Some(parse_scalar(base)?.with_lanes(lanes))
+                })
+                .ok_or_else(|| Error::UnknownDtypeName { name: s.to_owned() })?,
+        };
+        dtype.validate()?;
+        Ok(dtype)
+    }
+}
+
+/// A canonical name, or `intN` / `uintN` / `handleN`, as a single-lane type.
+fn parse_scalar(name: &str) -> Option<DataType> {
+    if let Some(e) = TABLE.iter().find(|e| e.name == name) {
+        return Some(e.dtype);
+    }
+    let generic = [("uint", DataTypeCode::UINT), ("int", DataTypeCode::INT), ("handle", DataTypeCode::OPAQUE_HANDLE)];
+    generic.iter().find_map(|(prefix, code)| {
+        let bits = name.strip_prefix(prefix)?;
+        bits.bytes().all(|b| b.is_ascii_digit()).then_some(())?;
+        Some(DataType::new(*code, bits.parse().ok()?, 1))
+    })
+}
+
+/// A Rust type whose values are elements of one DLPack [`DataType`].
+///
+/// # Safety
+/// `size_of::<Self>() * 8` must equal `DTYPE.element_bits()`, `align_of::<Self>()`
+/// must not exceed `size_of::<Self>()`, and every byte pattern for which
+/// [`Element::bit_patterns_valid`] returns true must be a valid value of `Self`.
+pub unsafe trait Element: Copy + Send + Sync + 'static {
+    /// The DLPack type of `Self`.
+    const DTYPE: DataType;
+
+    /// Whether `bytes` (a whole number of elements) holds only valid values of
+    /// `Self`. True for types where every bit pattern is valid.
+    fn bit_patterns_valid(bytes: &[u8]) -> bool {
+        let _ = bytes;
+        true
+    }
+}
+
+macro_rules! element {
+    ($($t:ty => $dtype:expr),* $(,)?) => {$(
+        // SAFETY: a plain number type of exactly `bits` bits; every pattern is valid.
+        unsafe impl Element for $t {
+            const DTYPE: DataType = $dtype;
+        }
+    )*};
+}
+
+element! {
+    i8 => DataType::INT8, i16 => DataType::INT16, i32 => DataType::INT32, i64 => DataType::INT64,
+    u8 => DataType::UINT8, u16 => DataType::UINT16, u32 => DataType::UINT32, u64 => DataType::UINT64,
+    f32 => DataType::FLOAT32, f64 => DataType::FLOAT64,
+}
+
+// SAFETY: `bool` is one byte; only 0 and 1 are valid, which `bit_patterns_valid` checks.
+unsafe impl Element for bool {
+    const DTYPE: DataType = DataType::BOOL;
+    fn bit_patterns_valid(bytes: &[u8]) -> bool {
+        bytes.iter().all(|&b| b <= 1)
+    }
+}
+
+#[cfg(feature = "half")]
+element! { half::f16 => DataType::FLOAT16, half::bf16 => DataType::BFLOAT16 }
+
+#[cfg(feature = "complex")]
+element! {
+    num_complex::Complex<f32> => DataType::COMPLEX64,
+    num_complex::Complex<f64> => DataType::COMPLEX128,
+}
+
+#[cfg(feature = "float8")]
+element! {
+    float8::F8E4M3 => DataType::new(DataTypeCode::FLOAT8_E4M3FN, 8, 1),
+    float8::F8E5M2 => DataType::new(DataTypeCode::FLOAT8_E5M2, 8, 1),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_table_name_round_trips_and_is_valid() {
+        for e in TABLE {
+            assert_eq!(e.dtype.to_string(), e.name);
+            assert_eq!(e.name.parse::<DataType>().unwrap(), e.dtype);
+            e.dtype.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn names_are_unique_and_cover_every_code() {
+        for (i, a) in TABLE.iter().enumerate() {
+            for b in &TABLE[i + 1..] {
+                assert_ne!(a.name, b.name);
+                assert_ne!(a.dtype, b.dtype);
+            }
+        }
+        for code in 0..=17u8 {
+            if code != DataTypeCode::OPAQUE_HANDLE.0 {
+                assert!(TABLE.iter().any(|e| e.dtype.code.0 == code), "code {code}");
+            }
+        }
+    }
+
+    #[test]
+    fn lanes_suffix() {
+        let t: DataType = "float32x4".parse().unwrap();
+        assert_eq!(t, DataType::FLOAT32.with_lanes(4));
+        assert_eq!(t.to_string(), "float32x4");
+        assert_eq!(t.itemsize(), Some(16));
+        assert_eq!("int4".parse::<DataType>().unwrap(), DataType::new(DataTypeCode::INT, 4, 1));
+        assert!("float32x0".parse::<DataType>().is_err());
+        assert!("float33".parse::<DataType>().is_err());
+        assert!("complex".parse::<DataType>().is_err());
+    }
+
+    #[test]
+    fn header_bit_rules() {
+        let bad = [
+            (DataTypeCode::BOOL, 1),
+            (DataTypeCode::FLOAT4_E2M1FN, 8),
+            (DataTypeCode::FLOAT6_E2M3FN, 8),
+            (DataTypeCode::FLOAT6_E3M2FN, 4),
+            (DataTypeCode::FLOAT8_E5M2, 16),
+            (DataTypeCode::BFLOAT, 32),
+            (DataTypeCode::FLOAT, 8),
+            (DataTypeCode::INT, 0),
+        ];
+        for (code, bits) in bad {
+            let t = DataType::new(code, bits, 1);
+            assert!(matches!(t.validate(), Err(Error::InvalidDtypeBits { .. })), "{t:?}");
+        }
+        assert!(matches!(DataType::new(DataTypeCode(18), 8, 1).validate(), Err(Error::UnknownDtypeCode { code: 18 })));
+        assert!(matches!(DataType::FLOAT32.with_lanes(0).validate(), Err(Error::ZeroLanes { .. })));
+        // torch's two-fp4-per-byte encoding is accepted as a 2-lane fp4.
+        DataType::new(DataTypeCode::FLOAT4_E2M1FN, 4, 2).validate().unwrap();
+    }
+
+    #[test]
+    fn sizes_of_packed_types() {
+        let fp4 = DataType::new(DataTypeCode::FLOAT4_E2M1FN, 4, 1);
+        assert_eq!(fp4.itemsize(), None);
+        assert!(fp4.is_sub_byte());
+        assert_eq!(fp4.storage_bytes(3, false), Some(2));
+        assert_eq!(fp4.storage_bytes(3, true), Some(3));
+        let fp6 = DataType::new(DataTypeCode::FLOAT6_E2M3FN, 6, 1);
+        assert_eq!(fp6.storage_bytes(4, false), Some(3));
+        assert_eq!(DataType::FLOAT64.storage_bytes(u64::MAX, false), None);
+    }
+
+    #[test]
+    fn buffer_formats() {
+        assert_eq!(DataType::from_buffer_format("<f"), Some(DataType::FLOAT32));
+        assert_eq!(DataType::from_buffer_format("Zd"), Some(DataType::COMPLEX128));
+        assert_eq!(DataType::from_buffer_format("?"), Some(DataType::BOOL));
+        assert_eq!(DataType::from_buffer_format("l"), Some(DataType::INT64));
+        assert_eq!(DataType::from_buffer_format(">f"), None);
+        assert_eq!(DataType::from_buffer_format("O"), None);
+        assert_eq!(DataType::FLOAT32.buffer_format(), Some("f"));
+    }
+
+    #[test]
+    fn bool_rejects_bytes_other_than_0_and_1() {
+        assert!(bool::bit_patterns_valid(&[0, 1, 1]));
+        assert!(!bool::bit_patterns_valid(&[0, 2]));
+    }
+}

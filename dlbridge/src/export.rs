@@ -1,0 +1,316 @@
+//! Producer side: hand Rust-owned memory to DLPack consumers without copying.
+//!
+//! Each export makes one heap allocation holding the managed struct, the owner
+//! and the shape and strides. Its deleter drops the owner and frees the block.
+//! Exports follow the DLPack 1.2+ rules: strides are always filled when
+//! `ndim > 0`, shape and strides are NULL when `ndim == 0`, and `data` is NULL
+//! when the tensor has no elements.
+
+use core::alloc::Layout;
+use core::ffi::c_void;
+use core::ops::{Deref, DerefMut};
+use core::ptr::NonNull;
+
+use crate::dtype::{DataType, Element};
+use crate::error::Error;
+use crate::ffi::{DLTensor, DLPACK_FLAG_BITMASK_READ_ONLY};
+use crate::managed::{Managed, ManagedAbi};
+use crate::view::{element_count, element_extent, row_major_strides, MAX_NDIM};
+use crate::Device;
+
+/// Where a raw export's elements are: the parts of a `DLTensor` other than the pointers.
+#[derive(Clone, Copy, Debug)]
+pub struct RawLayout<'s> {
+    /// Element type.
+    pub dtype: DataType,
+    /// Where the memory lives.
+    pub device: Device,
+    /// Extent of each axis.
+    pub shape: &'s [i64],
+    /// Strides in elements; `None` means row-major.
+    pub strides: Option<&'s [i64]>,
+    /// Bytes from the data pointer to element 0.
+    pub byte_offset: u64,
+}
+
+/// The single allocation behind an export: the managed struct first, so that a
+/// pointer to it is a pointer to the block.
+#[repr(C)]
+struct ExportBlock<M, O> {
+    managed: M,
+    owner: O,
+    ndim: usize,
+    // followed by `2 * ndim` i64: shape, then strides
+}
+
+fn block_layout<M, O>(ndim: usize) -> (Layout, usize) {
+    let head = Layout::new::<ExportBlock<M, O>>();
+    // Cannot fail: ndim <= MAX_NDIM, so the array is at most 1 KiB.
+    let dims = Layout::array::<i64>(2 * ndim).expect("small array layout");
+    let (layout, offset) = head.extend(dims).expect("small block layout");
+    (layout.pad_to_align(), offset)
+}
+
+unsafe extern "C" fn delete_block<M: ManagedAbi, O>(managed: *mut M) {
+    let block = managed.cast::<ExportBlock<M, O>>();
+    // SAFETY: `managed` is the first field of a block made by `export_raw` with
+    // these M and O; the deleter runs once, so the owner is dropped once.
+    unsafe {
+        let (layout, _) = block_layout::<M, O>((*block).ndim);
+        core::ptr::drop_in_place(core::ptr::addr_of_mut!((*block).owner));
+        std::alloc::dealloc(block.cast(), layout);
+    }
+}
+
+/// Exports memory that `owner` keeps alive, as a managed tensor of ABI `M`.
+///
+/// `data` is the address the tensor's `data` field will hold; element 0 is at
+/// `data + byte_offset`. When `strides` is `None` they are filled in row-major.
+///
+/// # Safety
+/// Every byte that the layout reaches from `data` must stay valid (readable,
+/// and writable unless `flags` has READ_ONLY) until `owner` is dropped, and
+/// nothing else may write it while the tensor is shared, unless it is read-only.
+pub unsafe fn export_raw<M: ManagedAbi, O: Send + 'static>(
+    owner: O,
+    data: *mut c_void,
+    layout: RawLayout<'_>,
+    flags: u64,
+) -> Result<Managed<M>, Error> {
+    let ndim = layout.shape.len();
+    if ndim > MAX_NDIM {
+        return Err(Error::NdimOutOfRange { ndim: ndim as i64, max: MAX_NDIM });
+    }
+    if let Some(strides) = layout.strides {
+        if strides.len() != ndim {
+            return Err(Error::StridesLength { expected: ndim, found: strides.len() });
+        }
+    }
+    let numel = element_count(layout.shape)?;
+    let (block_layout, dims_offset) = block_layout::<M, O>(ndim);
+    // SAFETY: the layout is non-zero sized (it holds the managed struct).
+    let raw = unsafe { std::alloc::alloc(block_layout) };
+    let Some(raw) = NonNull::new(raw) else { std::alloc::handle_alloc_error(block_layout) };
+    let block = raw.as_ptr().cast::<ExportBlock<M, O>>();
+    let (shape_ptr, strides_ptr) = if ndim == 0 {
+        (core::ptr::null_mut(), core::ptr::null_mut())
+    } else {
+        // SAFETY: the block has room for 2 * ndim i64 at `dims_offset`, aligned for i64.
+        unsafe {
+            let dims = raw.as_ptr().add(dims_offset).cast::<i64>();
+            core::ptr::copy_nonoverlapping(layout.shape.as_ptr(), dims, ndim);
+            let strides = dims.add(ndim);
+            match layout.strides {
+                Some(s) => core::ptr::copy_nonoverlapping(s.as_ptr(), strides, ndim),
+                None => {
+                    let computed = row_major_strides(layout.shape).unwrap_or_else(|| vec![0; ndim]);
+                    core::ptr::copy_nonoverlapping(computed.as_ptr(), strides, ndim);
+                }
+            }
+            (dims, strides)
+        }
+    };
+    let dl_tensor = DLTensor {
+        data: if numel == 0 { core::ptr::null_mut() } else { data },
+        device: layout.device,
+        ndim: ndim as i32,
+        dtype: layout.dtype,
+        shape: shape_ptr,
+        strides: strides_ptr,
+        byte_offset: if numel == 0 { 0 } else { layout.byte_offset },
+    };
+    let managed = M::assemble(dl_tensor, raw.as_ptr().cast(), delete_block::<M, O>, flags);
+    // SAFETY: `block` is freshly allocated with room for the head; the fields are
+    // written once, before anyone reads them.
+    unsafe {
+        core::ptr::addr_of_mut!((*block).managed).write(managed);
+        core::ptr::addr_of_mut!((*block).owner).write(owner);
+        core::ptr::addr_of_mut!((*block).ndim).write(ndim);
+    }
+    // SAFETY: the block is a complete managed tensor we own; shape and strides
+    // live in it, and the caller vouches for the data. On error `from_raw` calls
+    // the deleter, which drops the owner and frees the block.
+    unsafe { Managed::from_raw(block.cast::<M>()) }
+}
+
+/// Checks that `shape`/`strides` stay inside a buffer of `len` elements, and
+/// returns the index of element 0 (so that the lowest element reached is index 0).
+fn place_in_buffer(shape: &[i64], strides: Option<&[i64]>, len: usize) -> Result<usize, Error> {
+    let numel = element_count(shape)?;
+    if numel == 0 {
+        return Ok(0);
+    }
+    let (lo, hi) = match strides {
+        None => (0, numel as i128 - 1),
+        Some(strides) => {
+            if strides.len() != shape.len() {
+                return Err(Error::StridesLength { expected: shape.len(), found: strides.len() });
+            }
+            element_extent(shape, strides)
+                .ok_or_else(|| Error::ExtentOverflow { shape: shape.to_vec(), strides: strides.to_vec(), byte_offset: 0 })?
+        }
+    };
+    let first = -lo;
+    if first + hi >= len as i128 {
+        let clamp = |v: i128| v.clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+        return Err(Error::OutOfBounds { lowest: 0, highest: clamp(first + hi), len });
+    }
+    Ok(first as usize)
+}
+
+fn export_slice<M: ManagedAbi, O: Send + 'static, T: Element>(
+    owner: O,
+    base: *mut T,
+    len: usize,
+    shape: &[i64],
+    strides: Option<&[i64]>,
+    flags: u64,
+) -> Result<Managed<M>, Error> {
+    let first = place_in_buffer(shape, strides, len)?;
+    let layout = RawLayout { dtype: T::DTYPE, device: Device::CPU, shape, strides, byte_offset: 0 };
+    // SAFETY: `first` and every element the layout reaches from it lie within
+    // the `len` elements at `base` (checked above), which `owner` keeps alive and
+    // in place: the owner derefs to them and a heap slice does not move when its
+    // owner does.
+    unsafe { export_raw(owner, base.wrapping_add(first).cast(), layout, flags) }
+}
+
+impl<M: ManagedAbi> Managed<M> {
+    /// Exports a writable tensor over the elements of `owner` (a `Vec<T>`,
+    /// `Box<[T]>`, or anything that derefs mutably to a slice).
+    ///
+    /// `strides` are in elements and may be negative; `None` means row-major.
+    /// Element 0 is placed so that the lowest element the layout reaches is the
+    /// first of the slice. The layout must stay inside the slice.
+    pub fn from_owner_mut<O, T>(mut owner: O, shape: &[i64], strides: Option<&[i64]>) -> Result<Self, Error>
+    where
+        O: DerefMut<Target = [T]> + Send + 'static,
+        T: Element,
+    {
+        let slice = owner.deref_mut();
+        let (base, len) = (slice.as_mut_ptr(), slice.len());
+        export_slice(owner, base, len, shape, strides, 0)
+    }
+
+    /// Exports a read-only tensor over the elements of `owner` (an `Arc<[T]>`,
+    /// a memory map, ...). The tensor carries READ_ONLY.
+    pub fn from_owner<O, T>(owner: O, shape: &[i64], strides: Option<&[i64]>) -> Result<Self, Error>
+    where
+        O: Deref<Target = [T]> + Send + 'static,
+        T: Element,
+    {
+        let slice = owner.deref();
+        let (base, len) = (slice.as_ptr().cast_mut(), slice.len());
+        export_slice(owner, base, len, shape, strides, DLPACK_FLAG_BITMASK_READ_ONLY)
+    }
+
+    /// Exports a `Vec` as a writable row-major tensor of the given shape.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[i64]) -> Result<Self, Error> {
+        Self::from_owner_mut(data, shape, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::DLManagedTensorVersioned;
+    use crate::{LegacyManagedTensor, ManagedTensor};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    struct Counted(Vec<f32>, Arc<AtomicUsize>);
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    impl Deref for Counted {
+        type Target = [f32];
+        fn deref(&self) -> &[f32] {
+            &self.0
+        }
+    }
+    impl DerefMut for Counted {
+        fn deref_mut(&mut self) -> &mut [f32] {
+            &mut self.0
+        }
+    }
+
+    #[test]
+    fn vec_export_fills_strides_and_drops_owner_once() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let t = ManagedTensor::from_owner_mut(Counted(vec![1.0; 6], drops.clone()), &[2, 3], None).unwrap();
+        let raw = t.as_raw();
+        assert_eq!(raw.version, crate::ffi::DLPackVersion::CURRENT);
+        assert!(!raw.dl_tensor.strides.is_null());
+        assert_eq!(t.view().strides(), &[3, 1]);
+        assert_eq!(t.view().as_slice::<f32>().unwrap(), &[1.0; 6]);
+        assert!(!t.is_read_only());
+        drop(t);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn negative_strides_place_element_zero_at_the_end() {
+        let t = ManagedTensor::from_vec((0..4).map(|v| v as f32).collect(), &[4]).unwrap();
+        let first = t.view().as_ptr();
+        drop(t);
+        let _ = first;
+        let t = ManagedTensor::from_owner_mut(vec![0i32, 1, 2, 3], &[4], Some(&[-1])).unwrap();
+        // SAFETY: element 0 of a 4-element i32 tensor is in bounds.
+        assert_eq!(unsafe { *t.view().as_ptr().cast::<i32>() }, 3);
+        assert!(t.view().as_slice::<i32>().is_none());
+    }
+
+    #[test]
+    fn layouts_outside_the_buffer_are_refused() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let err = ManagedTensor::from_owner_mut(Counted(vec![0.0; 5], drops.clone()), &[2, 3], None).unwrap_err();
+        assert!(matches!(err, Error::OutOfBounds { highest: 5, len: 5, .. }), "{err}");
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "the owner is dropped on error");
+        let err = ManagedTensor::from_vec(vec![0u8; 4], &[2, -2]).unwrap_err();
+        assert!(matches!(err, Error::NegativeDimension { axis: 1, size: -2 }));
+        let err = ManagedTensor::from_owner_mut(vec![0u8; 4], &[2, 2], Some(&[1])).unwrap_err();
+        assert!(matches!(err, Error::StridesLength { expected: 2, found: 1 }));
+    }
+
+    #[test]
+    fn empty_and_scalar_follow_the_1_2_rules() {
+        let t = ManagedTensor::from_vec(Vec::<f64>::new(), &[0, 3]).unwrap();
+        assert!(t.as_raw().dl_tensor.data.is_null());
+        assert_eq!(t.view().strides(), &[3, 1]);
+        let s = ManagedTensor::from_vec(vec![7i64], &[]).unwrap();
+        assert!(s.as_raw().dl_tensor.shape.is_null() && s.as_raw().dl_tensor.strides.is_null());
+        assert_eq!(s.view().as_slice::<i64>(), Some(&[7][..]));
+    }
+
+    #[test]
+    fn shared_owner_is_read_only() {
+        let shared: Arc<[u16]> = Arc::from(vec![1u16, 2, 3]);
+        let mut t = ManagedTensor::from_owner(shared.clone(), &[3], None).unwrap();
+        assert!(t.is_read_only());
+        assert!(matches!(t.view_mut(), Err(Error::ReadOnly)));
+        assert_eq!(t.view().as_slice::<u16>(), Some(&[1, 2, 3][..]));
+        drop(t);
+        assert_eq!(Arc::strong_count(&shared), 1);
+    }
+
+    #[test]
+    fn legacy_export_round_trips() {
+        let mut t = LegacyManagedTensor::from_vec(vec![1u8, 2, 3, 4], &[2, 2]).unwrap();
+        assert_eq!(t.version(), None);
+        t.view_mut().unwrap().as_slice_mut::<u8>().unwrap()[0] = 9;
+        assert_eq!(t.view().as_slice::<u8>().unwrap(), &[9, 2, 3, 4]);
+        let raw = t.into_raw();
+        // SAFETY: `raw` came from `into_raw` and is owned again here.
+        let back = unsafe { LegacyManagedTensor::from_raw(raw) }.unwrap();
+        assert_eq!(back.view().shape(), &[2, 2]);
+    }
+
+    #[test]
+    fn block_is_one_allocation_per_ndim() {
+        let (small, _) = block_layout::<DLManagedTensorVersioned, Vec<u8>>(0);
+        let (big, _) = block_layout::<DLManagedTensorVersioned, Vec<u8>>(4);
+        assert_eq!(big.size() - small.size(), 64);
+    }
+}

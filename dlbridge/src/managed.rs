@@ -1,0 +1,275 @@
+//! Owned tensors: a managed-tensor pointer whose deleter runs exactly once.
+//!
+//! # Ownership contract
+//! A [`Managed`] owns one `DLManagedTensorVersioned` ([`ManagedTensor`]) or
+//! legacy `DLManagedTensor` ([`LegacyManagedTensor`]). It calls the producer's
+//! deleter once, when dropped, unless [`Managed::into_raw`] handed ownership on.
+//! A NULL deleter is allowed and means there is nothing to free.
+//!
+//! Taking a pointer is `unsafe` (the pointer must really be an owned managed
+//! tensor); everything after that is safe, because the tensor was validated once
+//! on the way in.
+
+use core::ptr::NonNull;
+
+use crate::error::Error;
+use crate::ffi::{
+    DLManagedTensor, DLManagedTensorVersioned, DLPackVersion, DLTensor, DLPACK_FLAG_BITMASK_IS_COPIED,
+    DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED, DLPACK_FLAG_BITMASK_READ_ONLY, DLPACK_MAJOR_VERSION,
+};
+use crate::view::{TensorView, TensorViewMut};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::ffi::DLManagedTensor {}
+    impl Sealed for crate::ffi::DLManagedTensorVersioned {}
+}
+
+/// The two managed-tensor structs of the ABI. Sealed: only
+/// [`DLManagedTensorVersioned`] and [`DLManagedTensor`] implement it.
+pub trait ManagedAbi: sealed::Sealed + Sized + 'static {
+    /// The Python capsule name that carries this struct.
+    const CAPSULE_NAME: &'static core::ffi::CStr;
+    /// The name a consumer gives the capsule once it owns the struct.
+    const USED_CAPSULE_NAME: &'static core::ffi::CStr;
+
+    /// The ABI version, or `None` for the legacy struct.
+    fn version(&self) -> Option<DLPackVersion>;
+    /// The flags; always 0 for the legacy struct.
+    fn flags(&self) -> u64;
+    /// The tensor. Read only after the version has been checked.
+    fn dl_tensor(&self) -> &DLTensor;
+    /// The tensor, mutably.
+    fn dl_tensor_mut(&mut self) -> &mut DLTensor;
+    /// Calls the deleter, if there is one.
+    ///
+    /// # Safety
+    /// `ptr` must be an owned managed tensor; it must not be used afterwards.
+    unsafe fn delete(ptr: NonNull<Self>);
+    /// A struct with these fields; legacy tensors drop `flags`.
+    fn assemble(
+        dl_tensor: DLTensor,
+        manager_ctx: *mut core::ffi::c_void,
+        deleter: unsafe extern "C" fn(*mut Self),
+        flags: u64,
+    ) -> Self;
+}
+
+impl ManagedAbi for DLManagedTensorVersioned {
+    const CAPSULE_NAME: &'static core::ffi::CStr = c"dltensor_versioned";
+    const USED_CAPSULE_NAME: &'static core::ffi::CStr = c"used_dltensor_versioned";
+
+    fn version(&self) -> Option<DLPackVersion> {
+        Some(self.version)
+    }
+    fn flags(&self) -> u64 {
+        self.flags
+    }
+    fn dl_tensor(&self) -> &DLTensor {
+        &self.dl_tensor
+    }
+    fn dl_tensor_mut(&mut self) -> &mut DLTensor {
+        &mut self.dl_tensor
+    }
+    unsafe fn delete(ptr: NonNull<Self>) {
+        // SAFETY: the caller passes an owned tensor; `deleter` is in the stable
+        // prefix, so it may be read whatever the version.
+        unsafe {
+            if let Some(deleter) = (*ptr.as_ptr()).deleter {
+                deleter(ptr.as_ptr());
+            }
+        }
+    }
+    fn assemble(
+        dl_tensor: DLTensor,
+        manager_ctx: *mut core::ffi::c_void,
+        deleter: unsafe extern "C" fn(*mut Self),
+        flags: u64,
+    ) -> Self {
+        DLManagedTensorVersioned { version: DLPackVersion::CURRENT, manager_ctx, deleter: Some(deleter), flags, dl_tensor }
+    }
+}
+
+impl ManagedAbi for DLManagedTensor {
+    const CAPSULE_NAME: &'static core::ffi::CStr = c"dltensor";
+    const USED_CAPSULE_NAME: &'static core::ffi::CStr = c"used_dltensor";
+
+    fn version(&self) -> Option<DLPackVersion> {
+        None
+    }
+    fn flags(&self) -> u64 {
+        0
+    }
+    fn dl_tensor(&self) -> &DLTensor {
+        &self.dl_tensor
+    }
+    fn dl_tensor_mut(&mut self) -> &mut DLTensor {
+        &mut self.dl_tensor
+    }
+    unsafe fn delete(ptr: NonNull<Self>) {
+        // SAFETY: the caller passes an owned tensor.
+        unsafe {
+            if let Some(deleter) = (*ptr.as_ptr()).deleter {
+                deleter(ptr.as_ptr());
+            }
+        }
+    }
+    fn assemble(
+        dl_tensor: DLTensor,
+        manager_ctx: *mut core::ffi::c_void,
+        deleter: unsafe extern "C" fn(*mut Self),
+        _flags: u64,
+    ) -> Self {
+        DLManagedTensor { dl_tensor, manager_ctx, deleter: Some(deleter) }
+    }
+}
+
+/// An owned, validated managed tensor; see the [module docs](self).
+pub struct Managed<M: ManagedAbi> {
+    ptr: NonNull<M>,
+    /// The validated view. Its `'static` is private: it borrows from `*ptr`, which
+    /// lives until `Drop`, and is only handed out re-borrowed from `&self`.
+    view: TensorView<'static>,
+}
+
+/// An owned `DLManagedTensorVersioned` (DLPack ≥ 1.0).
+pub type ManagedTensor = Managed<DLManagedTensorVersioned>;
+/// An owned legacy `DLManagedTensor`.
+pub type LegacyManagedTensor = Managed<DLManagedTensor>;
+
+// SAFETY: DLPack requires a deleter to be callable from any thread (producers
+// take their own locks, such as the GIL), and the view is Send.
+unsafe impl<M: ManagedAbi> Send for Managed<M> {}
+// SAFETY: `&Managed` only allows reads of immutable metadata and data.
+unsafe impl<M: ManagedAbi> Sync for Managed<M> {}
+
+impl<M: ManagedAbi> Managed<M> {
+    /// Takes ownership of `ptr` and validates it. On any error the deleter has
+    /// already been called, as the header requires for a version mismatch.
+    ///
+    /// # Safety
+    /// `ptr` must be NULL or point to a managed tensor that the caller owns, that
+    /// nothing else will use or delete, and whose `shape`, `strides` and data
+    /// are valid as [`TensorView::from_dltensor`] requires, until the deleter runs.
+    pub unsafe fn from_raw(ptr: *mut M) -> Result<Self, Error> {
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::try_from_raw(ptr) }.map_err(|(err, ptr)| {
+            if let Some(ptr) = ptr {
+                // SAFETY: ownership was passed in and not taken.
+                unsafe { M::delete(ptr) };
+            }
+            err
+        })
+    }
+
+    /// Validates `ptr` and takes ownership of it only on success. On error the
+    /// pointer is handed back, untouched, with its deleter not called, so that
+    /// the caller can leave it to its producer (a capsule destructor, say).
+    ///
+    /// # Safety
+    /// As for [`from_raw`](Self::from_raw).
+    #[allow(clippy::type_complexity)]
+    pub unsafe fn try_from_raw(ptr: *mut M) -> Result<Self, (Error, Option<NonNull<M>>)> {
+        let ptr = NonNull::new(ptr).ok_or((Error::NullPointer, None))?;
+        // SAFETY: the caller guarantees a live managed tensor. Only the stable
+        // prefix is read before the version check.
+        let managed: &'static M = unsafe { &*ptr.as_ptr() };
+        if let Some(version) = managed.version() {
+            if version.major != DLPACK_MAJOR_VERSION {
+                return Err((Error::UnsupportedVersion { major: version.major, minor: version.minor }, Some(ptr)));
+            }
+        }
+        let padded = managed.flags() & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED != 0;
+        // SAFETY: the version matches, so `dl_tensor` has the layout we know; the
+        // caller guarantees its pointers. The 'static borrow is confined to
+        // `Managed`, which outlives every use of it.
+        match unsafe { TensorView::from_dltensor(managed.dl_tensor(), padded) } {
+            Ok(view) => Ok(Managed { ptr, view }),
+            Err(err) => Err((err, Some(ptr))),
+        }
+    }
+
+    /// Gives up ownership without calling the deleter, for a C consumer.
+    pub fn into_raw(self) -> *mut M {
+        let ptr = self.ptr.as_ptr();
+        core::mem::forget(self);
+        ptr
+    }
+
+    /// The raw struct, for reading fields this type does not expose.
+    pub fn as_raw(&self) -> &M {
+        // SAFETY: owned and live until drop.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// The validated view of the tensor.
+    pub fn view(&self) -> &TensorView<'_> {
+        &self.view
+    }
+
+    /// A view through which the data may be written; refused for read-only
+    /// tensors and tensors whose elements overlap.
+    pub fn view_mut(&mut self) -> Result<TensorViewMut<'_>, Error> {
+        if self.is_read_only() {
+            return Err(Error::ReadOnly);
+        }
+        TensorViewMut::from_view(self.view.clone())
+    }
+
+    /// The ABI version; `None` for a legacy tensor.
+    pub fn version(&self) -> Option<DLPackVersion> {
+        self.as_raw().version()
+    }
+
+    /// The `DLPACK_FLAG_BITMASK_*` bits; 0 for a legacy tensor.
+    pub fn flags(&self) -> u64 {
+        self.as_raw().flags()
+    }
+
+    /// Whether the producer marked the data read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.flags() & DLPACK_FLAG_BITMASK_READ_ONLY != 0
+    }
+
+    /// Whether the producer made a copy for this consumer.
+    pub fn is_copied(&self) -> bool {
+        self.flags() & DLPACK_FLAG_BITMASK_IS_COPIED != 0
+    }
+
+    /// Whether a sub-byte dtype is padded to one byte per element.
+    pub fn is_subbyte_padded(&self) -> bool {
+        self.flags() & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED != 0
+    }
+}
+
+impl ManagedTensor {
+    /// Sets READ_ONLY. There is no way to clear it: only the producer may grant writes.
+    pub fn mark_read_only(&mut self) {
+        // SAFETY: owned; `flags` is in the stable prefix and no view borrows it.
+        unsafe { (*self.ptr.as_ptr()).flags |= DLPACK_FLAG_BITMASK_READ_ONLY };
+    }
+
+    /// Sets IS_COPIED: the consumer will own this data alone. Only for tensors
+    /// whose data nothing else refers to, such as a fresh copy.
+    pub fn mark_copied(&mut self) {
+        // SAFETY: as for `mark_read_only`.
+        unsafe { (*self.ptr.as_ptr()).flags |= DLPACK_FLAG_BITMASK_IS_COPIED };
+    }
+}
+
+impl<M: ManagedAbi> Drop for Managed<M> {
+    fn drop(&mut self) {
+        // SAFETY: we own the pointer, and nothing uses it after this.
+        unsafe { M::delete(self.ptr) }
+    }
+}
+
+impl<M: ManagedAbi> core::fmt::Debug for Managed<M> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Managed")
+            .field("version", &self.version())
+            .field("flags", &self.flags())
+            .field("view", &self.view)
+            .finish()
+    }
+}

@@ -1,0 +1,193 @@
+//! `ndarray` integration (feature `ndarray`): views of tensors, and zero-copy
+//! export of owned arrays.
+//!
+//! Views accept every layout DLPack can describe: negative strides (built from
+//! the lowest address, then the axes are inverted), zero strides (read-only
+//! views only), and any rank, fixed or dynamic.
+
+use ndarray::{ArcArray, Array, ArrayView, ArrayViewMut, Axis, Dimension, IxDyn, ShapeBuilder};
+
+use crate::dtype::Element;
+use crate::error::Error;
+use crate::export::{export_raw, RawLayout};
+use crate::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
+use crate::managed::{Managed, ManagedAbi};
+use crate::view::{TensorView, TensorViewMut};
+use crate::Device;
+
+/// Lowest-address element, absolute strides, and the axes to invert.
+struct Placement {
+    base: *const u8,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    inverted: Vec<usize>,
+}
+
+fn placement<T: Element>(view: &TensorView<'_>) -> Placement {
+    let size = core::mem::size_of::<T>() as isize;
+    let mut base = view.as_ptr().cast::<u8>();
+    let mut inverted = Vec::new();
+    let mut strides = Vec::with_capacity(view.ndim());
+    for (axis, (&dim, &stride)) in view.shape().iter().zip(view.strides()).enumerate() {
+        if stride < 0 && dim > 1 {
+            // Cannot wrap: validation bounded every address the layout reaches.
+            base = base.wrapping_offset((dim as isize - 1) * stride as isize * size);
+            inverted.push(axis);
+        }
+        strides.push(stride.unsigned_abs() as usize);
+    }
+    if view.is_empty() {
+        base = core::ptr::NonNull::<T>::dangling().as_ptr().cast();
+    }
+    Placement { base, shape: view.shape().iter().map(|&d| d as usize).collect(), strides, inverted }
+}
+
+impl<'a> TensorView<'a> {
+    /// An `ndarray` view of rank `D` (use `IxDyn` for any rank). Checks the
+    /// device, dtype, alignment and, for `bool`, that every byte is 0 or 1.
+    pub fn as_array<T: Element, D: Dimension>(&self) -> Result<ArrayView<'a, T, D>, Error> {
+        self.check_array::<T, D>()?;
+        let p = placement::<T>(self);
+        // SAFETY: validation proved every element the layout reaches is readable
+        // for 'a; `base` is the lowest-address element, so with absolute strides
+        // every index lands on one of them. Type, alignment and values were checked.
+        let mut array = unsafe { ArrayView::<T, IxDyn>::from_shape_ptr(IxDyn(&p.shape).strides(IxDyn(&p.strides)), p.base.cast()) };
+        for axis in p.inverted {
+            array.invert_axis(Axis(axis));
+        }
+        if T::DTYPE == crate::DataType::BOOL {
+            // SAFETY: the same layout, read as bytes: every bool is one byte.
+            let bytes = unsafe { ArrayView::<u8, IxDyn>::from_shape_ptr(IxDyn(&p.shape).strides(IxDyn(&p.strides)), p.base) };
+            if bytes.iter().any(|&b| b > 1) {
+                return Err(Error::InvalidValues { dtype: self.dtype() });
+            }
+        }
+        let ndim = self.ndim();
+        array.into_dimensionality::<D>().map_err(|_| Error::RankMismatch { expected: D::NDIM.unwrap_or(ndim), found: ndim })
+    }
+
+    fn check_array<T: Element, D: Dimension>(&self) -> Result<(), Error> {
+        if !self.device().is_cpu_accessible() {
+            return Err(Error::NotCpuAccessible { device: self.device() });
+        }
+        if self.dtype() != T::DTYPE {
+            return Err(Error::DtypeMismatch { expected: T::DTYPE, found: self.dtype() });
+        }
+        if let Some(rank) = D::NDIM {
+            if rank != self.ndim() {
+                return Err(Error::RankMismatch { expected: rank, found: self.ndim() });
+            }
+        }
+        let align = core::mem::align_of::<T>();
+        if !self.is_empty() && (self.as_ptr() as usize) % align != 0 {
+            return Err(Error::Misaligned { address: self.as_ptr() as usize, align });
+        }
+        Ok(())
+    }
+}
+
+impl<'a> TensorViewMut<'a> {
+    /// A mutable `ndarray` view; the checks of [`TensorView::as_array`] apply.
+    pub fn as_array_mut<T: Element, D: Dimension>(&mut self) -> Result<ArrayViewMut<'_, T, D>, Error> {
+        // Reading first runs every check, bool values included.
+        let ndim = self.ndim();
+        drop(self.as_array::<T, D>()?);
+        let p = placement::<T>(self);
+        // SAFETY: as in `as_array`; the memory is writable and unaliased
+        // (guaranteed by `TensorViewMut`), and `&mut self` is the only borrow.
+        let mut array = unsafe {
+            ArrayViewMut::<T, IxDyn>::from_shape_ptr(IxDyn(&p.shape).strides(IxDyn(&p.strides)), p.base.cast_mut().cast())
+        };
+        for axis in p.inverted {
+            array.invert_axis(Axis(axis));
+        }
+        array.into_dimensionality::<D>().map_err(|_| Error::RankMismatch { expected: D::NDIM.unwrap_or(ndim), found: ndim })
+    }
+}
+
+impl<M: ManagedAbi> Managed<M> {
+    /// Exports an owned array without copying, in whatever layout it has
+    /// (negative strides included). The array is dropped by the deleter.
+    pub fn from_array<T: Element, D: Dimension + Send + 'static>(mut array: Array<T, D>) -> Result<Self, Error> {
+        let shape: Vec<i64> = array.shape().iter().map(|&d| d as i64).collect();
+        let strides: Vec<i64> = array.strides().iter().map(|&s| s as i64).collect();
+        let data = array.as_mut_ptr().cast();
+        let layout = RawLayout { dtype: T::DTYPE, device: Device::CPU, shape: &shape, strides: Some(&strides), byte_offset: 0 };
+        // SAFETY: `data` is element 0 of the array and the shape and strides are
+        // the array's own, so every element reached is in its buffer, which the
+        // array (the owner) keeps alive and in place; the array is writable.
+        unsafe { export_raw(array, data, layout, 0) }
+    }
+
+    /// Exports a shared array without copying. A uniquely held array is exported
+    /// writable; one whose data other clones share is exported READ_ONLY.
+    pub fn from_arc_array<T: Element, D: Dimension + Send + Sync + 'static>(array: ArcArray<T, D>) -> Result<Self, Error> {
+        if array.is_unique() {
+            return Self::from_array(array.into_owned());
+        }
+        let shape: Vec<i64> = array.shape().iter().map(|&d| d as i64).collect();
+        let strides: Vec<i64> = array.strides().iter().map(|&s| s as i64).collect();
+        let data = array.as_ptr().cast_mut().cast();
+        let layout = RawLayout { dtype: T::DTYPE, device: Device::CPU, shape: &shape, strides: Some(&strides), byte_offset: 0 };
+        // SAFETY: as in `from_array`; the data is only read (READ_ONLY), as the
+        // other clones only read it.
+        unsafe { export_raw(array, data, layout, DLPACK_FLAG_BITMASK_READ_ONLY) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ManagedTensor;
+    use ndarray::{arr2, s, Ix2};
+
+    #[test]
+    fn negative_and_zero_strides() {
+        let t = ManagedTensor::from_owner_mut((0..6).collect::<Vec<i32>>(), &[2, 3], Some(&[-3, -1])).unwrap();
+        let a = t.view().as_array::<i32, Ix2>().unwrap();
+        assert_eq!(a, arr2(&[[5, 4, 3], [2, 1, 0]]));
+        let t = ManagedTensor::from_owner_mut(vec![7i32, 8], &[3, 2], Some(&[0, 1])).unwrap();
+        let a = t.view().as_array::<i32, IxDyn>().unwrap();
+        assert_eq!(a, arr2(&[[7, 8], [7, 8], [7, 8]]).into_dyn());
+    }
+
+    #[test]
+    fn mutable_views_and_refusals() {
+        let mut t = ManagedTensor::from_vec(vec![1.0f64; 4], &[2, 2]).unwrap();
+        t.view_mut().unwrap().as_array_mut::<f64, Ix2>().unwrap()[[1, 0]] = 5.0;
+        assert_eq!(t.view().as_slice::<f64>().unwrap(), &[1.0, 1.0, 5.0, 1.0]);
+        assert!(matches!(t.view().as_array::<f32, Ix2>(), Err(Error::DtypeMismatch { .. })));
+        assert!(matches!(t.view().as_array::<f64, ndarray::Ix3>(), Err(Error::RankMismatch { expected: 3, found: 2 })));
+        let mut b = ManagedTensor::from_owner_mut(vec![1.0f64], &[3], Some(&[0])).unwrap();
+        assert!(matches!(b.view_mut(), Err(Error::OverlappingMemory)));
+    }
+
+    #[test]
+    fn bool_values_are_checked() {
+        let t = ManagedTensor::from_vec(vec![0u8, 1, 2], &[3]).unwrap();
+        // Relabel the bytes as bool through a raw tensor of the same memory.
+        let mut dl = t.as_raw().dl_tensor;
+        dl.dtype = crate::DataType::BOOL;
+        // SAFETY: `dl` describes `t`'s live buffer.
+        let v = unsafe { TensorView::from_dltensor(&dl, false) }.unwrap();
+        assert!(matches!(v.as_array::<bool, IxDyn>(), Err(Error::InvalidValues { .. })));
+        assert!(v.as_slice::<bool>().is_none());
+    }
+
+    #[test]
+    fn arrays_export_without_copy() {
+        let mut a = arr2(&[[1i64, 2, 3], [4, 5, 6]]);
+        a.invert_axis(Axis(1));
+        let ptr = a.as_ptr();
+        let t = ManagedTensor::from_array(a.clone()).unwrap();
+        assert_eq!(t.view().strides(), &[3, -1]);
+        assert_eq!(t.view().as_array::<i64, Ix2>().unwrap(), a);
+        let _ = ptr;
+        let shared = ArcArray::from(arr2(&[[1u8, 2], [3, 4]]).slice_move(s![.., ..]));
+        let t = ManagedTensor::from_arc_array(shared.clone()).unwrap();
+        assert!(t.is_read_only());
+        drop(shared);
+        let unique = ArcArray::from(arr2(&[[1u8, 2]]));
+        assert!(!ManagedTensor::from_arc_array(unique).unwrap().is_read_only());
+    }
+}

@@ -1,0 +1,459 @@
+//! Validated, borrowed views of a `DLTensor`.
+//!
+//! [`TensorView::from_dltensor`] is the one validation path: every foreign
+//! tensor, whether it comes from a capsule, the exchange API or C, passes through
+//! it before any byte of its data is touched. Once validated, every accessor is
+//! safe.
+//!
+//! # What is checked
+//! - `0 <= ndim <= MAX_NDIM`, and `shape` is NULL only when `ndim == 0`;
+//! - every extent is `>= 0`, and the element count fits in `i64` and `usize`;
+//! - the dtype follows the header's rules ([`DataType::validate`]);
+//! - NULL `strides` are read as row-major (legal before DLPack 1.2);
+//! - `data` is NULL only when there are no elements;
+//! - the lowest and highest bytes reached, with negative strides and
+//!   `byte_offset`, are computed with checked arithmetic and fit the address space.
+//!
+//! # Limitations
+//! The view cannot know the size of the producer's allocation; it trusts the
+//! producer for that, as every DLPack consumer must. Memory that other owners
+//! share may change while a view is alive.
+
+use core::borrow::Borrow;
+use core::ffi::c_void;
+use core::marker::PhantomData;
+use core::ops::Range;
+
+use crate::dtype::{DataType, Element};
+use crate::error::Error;
+use crate::ffi::DLTensor;
+use crate::Device;
+
+/// Most dimensions a tensor may have; NumPy allows the same 64.
+pub const MAX_NDIM: usize = 64;
+
+/// Strides that were given by the producer, or computed because it sent NULL.
+#[derive(Clone, Debug)]
+enum Strides<'a> {
+    Borrowed(&'a [i64]),
+    Computed(Box<[i64]>),
+}
+
+impl Strides<'_> {
+    fn as_slice(&self) -> &[i64] {
+        match self {
+            Strides::Borrowed(s) => s,
+            Strides::Computed(s) => s,
+        }
+    }
+}
+
+/// A validated, read-only view of a tensor whose memory outlives `'a`.
+#[derive(Clone, Debug)]
+pub struct TensorView<'a> {
+    /// Address of element 0 (`data + byte_offset`); NULL-based when there are no elements.
+    ptr: *const u8,
+    shape: &'a [i64],
+    strides: Strides<'a>,
+    dtype: DataType,
+    device: Device,
+    numel: usize,
+    /// Bytes reached, relative to element 0: `lo..hi`; empty when `numel == 0`.
+    lo: isize,
+    hi: isize,
+    padded: bool,
+    _data: PhantomData<&'a [u8]>,
+}
+
+// SAFETY: a view only reads through its pointers; the data it points at is
+// required (by `from_dltensor`'s contract) to stay valid and unmoved for `'a`,
+// whichever thread reads it.
+unsafe impl Send for TensorView<'_> {}
+// SAFETY: as above; no method mutates through `&self`.
+unsafe impl Sync for TensorView<'_> {}
+
+/// Row-major strides for `shape`; `None` only if they overflow, which cannot
+/// happen when the element count fits.
+pub(crate) fn row_major_strides(shape: &[i64]) -> Option<Vec<i64>> {
+    let mut strides = vec![0i64; shape.len()];
+    let mut acc: i64 = 1;
+    for (stride, &dim) in strides.iter_mut().zip(shape).rev() {
+        *stride = acc;
+        acc = acc.checked_mul(dim.max(1))?;
+    }
+    Some(strides)
+}
+
+/// The element count of `shape`, checked against `i64` and `usize`.
+pub(crate) fn element_count(shape: &[i64]) -> Result<usize, Error> {
+    let mut n: i64 = 1;
+    for (axis, &size) in shape.iter().enumerate() {
+        if size < 0 {
+            return Err(Error::NegativeDimension { axis, size });
+        }
+        n = n.checked_mul(size).ok_or_else(|| Error::SizeOverflow { shape: shape.to_vec() })?;
+    }
+    usize::try_from(n).map_err(|_| Error::SizeOverflow { shape: shape.to_vec() })
+}
+
+/// Lowest and highest element index reached by a non-empty layout, relative to
+/// element 0. `None` on overflow.
+pub(crate) fn element_extent(shape: &[i64], strides: &[i64]) -> Option<(i128, i128)> {
+    let (mut lo, mut hi) = (0i128, 0i128);
+    for (&dim, &stride) in shape.iter().zip(strides) {
+        let reach = i128::from(dim - 1).checked_mul(i128::from(stride))?;
+        if reach < 0 {
+            lo = lo.checked_add(reach)?;
+        } else {
+            hi = hi.checked_add(reach)?;
+        }
+    }
+    Some((lo, hi))
+}
+
+/// Byte range `lo..hi` that elements `lo_elem..=hi_elem` occupy, relative to
+/// element 0, for elements of `bits` bits, packed or padded to whole bytes.
+fn byte_extent(lo_elem: i128, hi_elem: i128, dtype: DataType, padded: bool) -> Option<(i128, i128)> {
+    let bits = i128::from(dtype.element_bits());
+    if padded || bits % 8 == 0 {
+        let size = (bits + 7) / 8;
+        Some((lo_elem.checked_mul(size)?, hi_elem.checked_add(1)?.checked_mul(size)?))
+    } else {
+        let lo = lo_elem.checked_mul(bits)?.div_euclid(8);
+        let hi = hi_elem.checked_add(1)?.checked_mul(bits)?.checked_add(7)?.div_euclid(8);
+        Some((lo, hi))
+    }
+}
+
+impl<'a> TensorView<'a> {
+    /// Validates `tensor` and returns a view of it. `padded` says whether a
+    /// sub-byte dtype is padded to a byte per element (`IS_SUBBYTE_TYPE_PADDED`).
+    ///
+    /// # Safety
+    /// - `tensor.shape`, and `tensor.strides` when not NULL, must point to
+    ///   `tensor.ndim` readable `i64` values (when `ndim` is in range) that stay
+    ///   unchanged for `'a`;
+    /// - when the tensor has elements and its device is CPU-accessible, every byte
+    ///   the layout reaches must be readable for `'a`, as DLPack promises.
+    ///
+    /// Everything else (ndim, extents, dtype, NULL pointers, overflow) is checked.
+    pub unsafe fn from_dltensor(tensor: &'a DLTensor, padded: bool) -> Result<Self, Error> {
+        let ndim = usize::try_from(tensor.ndim)
+            .ok()
+            .filter(|&n| n <= MAX_NDIM)
+            .ok_or(Error::NdimOutOfRange { ndim: i64::from(tensor.ndim), max: MAX_NDIM })?;
+        let shape: &'a [i64] = if ndim == 0 {
+            &[]
+        } else if tensor.shape.is_null() {
+            return Err(Error::NullShape { ndim: tensor.ndim });
+        } else {
+            // SAFETY: non-NULL and, by this function's contract, `ndim` readable
+            // values that live for 'a.
+            unsafe { core::slice::from_raw_parts(tensor.shape, ndim) }
+        };
+        let strides = if ndim == 0 {
+            Strides::Borrowed(&[])
+        } else if tensor.strides.is_null() {
+            Strides::Computed(Box::default())
+        } else {
+            // SAFETY: as for `shape`.
+            Strides::Borrowed(unsafe { core::slice::from_raw_parts(tensor.strides, ndim) })
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::from_parts(tensor.data, tensor.byte_offset, shape, strides, tensor.dtype, tensor.device, padded) }
+    }
+
+    /// The common tail of validation; `Strides::Computed` with an empty box means
+    /// "NULL, compute row-major".
+    unsafe fn from_parts(
+        data: *mut c_void,
+        byte_offset: u64,
+        shape: &'a [i64],
+        strides: Strides<'a>,
+        dtype: DataType,
+        device: Device,
+        padded: bool,
+    ) -> Result<Self, Error> {
+        dtype.validate()?;
+        let numel = element_count(shape)?;
+        let strides = match strides {
+            Strides::Computed(s) if s.len() != shape.len() => {
+                // Cannot overflow: every partial product is at most the element
+                // count, or the count is 0 and extents of 0 are replaced by 1 ...
+                // which may overflow, so fall back to zeros for empty tensors.
+                let computed = row_major_strides(shape).unwrap_or_else(|| vec![0; shape.len()]);
+                Strides::Computed(computed.into_boxed_slice())
+            }
+            other => other,
+        };
+        let overflow = || Error::ExtentOverflow {
+            shape: shape.to_vec(),
+            strides: strides.as_slice().to_vec(),
+            byte_offset,
+        };
+        let (lo, hi) = if numel == 0 {
+            (0, 0)
+        } else {
+            let (lo_elem, hi_elem) = element_extent(shape, strides.as_slice()).ok_or_else(overflow)?;
+            byte_extent(lo_elem, hi_elem, dtype, padded).ok_or_else(overflow)?
+        };
+        if numel > 0 && data.is_null() {
+            return Err(Error::NullData { elements: numel as u64 });
+        }
+        // Element 0 and the bytes reached must all lie in the address space, and
+        // the span must fit in isize, as for any Rust allocation.
+        let base = (data as usize as i128).checked_add(i128::from(byte_offset)).ok_or_else(overflow)?;
+        let fits = numel == 0
+            || (base + lo >= 0 && base + hi <= usize::MAX as i128 && hi - lo <= isize::MAX as i128);
+        if !fits || byte_offset > isize::MAX as u64 {
+            return Err(overflow());
+        }
+        Ok(TensorView {
+            ptr: (data as *const u8).wrapping_add(byte_offset as usize),
+            shape,
+            strides,
+            dtype,
+            device,
+            numel,
+            lo: lo as isize,
+            hi: hi as isize,
+            padded,
+            _data: PhantomData,
+        })
+    }
+
+    /// Extent of each axis.
+    pub fn shape(&self) -> &[i64] {
+        self.shape
+    }
+
+    /// Stride of each axis in elements; computed row-major when the producer sent NULL.
+    pub fn strides(&self) -> &[i64] {
+        self.strides.as_slice()
+    }
+
+    /// Whether the producer sent NULL strides, which were then computed.
+    pub fn strides_were_null(&self) -> bool {
+        matches!(self.strides, Strides::Computed(_)) && !self.shape.is_empty()
+    }
+
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.numel
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.numel == 0
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+
+    /// Where the memory lives.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Whether a sub-byte dtype is padded to one byte per element.
+    pub fn is_subbyte_padded(&self) -> bool {
+        self.padded
+    }
+
+    /// Address of element 0 (`data + byte_offset`). Meaningless when the tensor is empty.
+    pub fn as_ptr(&self) -> *const c_void {
+        self.ptr.cast()
+    }
+
+    /// Addresses of every byte the tensor reaches; empty when it has no elements.
+    pub fn byte_range(&self) -> Range<usize> {
+        if self.numel == 0 {
+            return 0..0;
+        }
+        let base = self.ptr as usize;
+        base.wrapping_add_signed(self.lo)..base.wrapping_add_signed(self.hi)
+    }
+
+    /// Bytes needed to hold the elements contiguously.
+    pub fn nbytes(&self) -> usize {
+        // Cannot overflow: `byte_extent` of a contiguous layout was checked.
+        self.dtype.storage_bytes(self.numel as u64, self.padded).unwrap_or(u64::MAX) as usize
+    }
+
+    /// Whether the elements are laid out row-major with no gaps.
+    pub fn is_c_contiguous(&self) -> bool {
+        contiguous(self.shape.iter().zip(self.strides()).rev(), self.numel)
+    }
+
+    /// Whether the elements are laid out column-major with no gaps.
+    pub fn is_f_contiguous(&self) -> bool {
+        contiguous(self.shape.iter().zip(self.strides()), self.numel)
+    }
+
+    /// Whether no two indices share an element (no zero strides over extents > 1,
+    /// no interleaving). Write access needs this.
+    pub fn is_non_overlapping(&self) -> bool {
+        if self.numel <= 1 {
+            return true;
+        }
+        let mut axes: Vec<(u128, u128)> = self
+            .shape
+            .iter()
+            .zip(self.strides())
+            .filter(|(&d, _)| d > 1)
+            .map(|(&d, &s)| (u128::from(s.unsigned_abs()), d as u128))
+            .collect();
+        axes.sort_unstable();
+        let mut span = 1u128; // elements covered by the axes seen so far
+        for (stride, dim) in axes {
+            if stride < span {
+                return false;
+            }
+            span = stride * (dim - 1) + span;
+        }
+        true
+    }
+
+    /// Checks that the memory is CPU-accessible and holds `T`s, aligned for `T`.
+    fn check_typed<T: Element>(&self) -> Result<(), Error> {
+        if !self.device.is_cpu_accessible() {
+            return Err(Error::NotCpuAccessible { device: self.device });
+        }
+        if self.dtype != T::DTYPE {
+            return Err(Error::DtypeMismatch { expected: T::DTYPE, found: self.dtype });
+        }
+        let align = core::mem::align_of::<T>();
+        if self.numel > 0 && (self.ptr as usize) % align != 0 {
+            return Err(Error::Misaligned { address: self.ptr as usize, align });
+        }
+        Ok(())
+    }
+
+    /// The raw bytes of a C-contiguous, CPU-accessible tensor, in index order.
+    /// `None` otherwise.
+    pub fn as_bytes(&self) -> Option<&'a [u8]> {
+        if !self.device.is_cpu_accessible() || !self.is_c_contiguous() {
+            return None;
+        }
+        if self.numel == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: validation proved ptr+lo..ptr+hi lies in the address space and,
+        // by `from_dltensor`'s contract, is readable for 'a; a C-contiguous layout
+        // has lo == 0 and hi == nbytes.
+        Some(unsafe { core::slice::from_raw_parts(self.ptr, self.hi as usize) })
+    }
+
+    /// The elements as a slice, when the tensor is C-contiguous, CPU-accessible,
+    /// of dtype `T::DTYPE`, aligned for `T`, and holds only valid `T` values.
+    pub fn as_slice<T: Element>(&self) -> Option<&'a [T]> {
+        self.try_as_slice().ok()
+    }
+
+    /// Like [`as_slice`](Self::as_slice), with the reason for a refusal.
+    pub fn try_as_slice<T: Element>(&self) -> Result<&'a [T], Error> {
+        self.check_typed::<T>()?;
+        let bytes = self.as_bytes().ok_or(Error::NotContiguous)?;
+        if !T::bit_patterns_valid(bytes) {
+            return Err(Error::InvalidValues { dtype: self.dtype });
+        }
+        if self.numel == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: `bytes` holds numel * size_of::<T>() readable bytes (dtype checked,
+        // and `Element` ties its bits to T's size), aligned for T (checked), all of
+        // them valid T values (checked just above).
+        Ok(unsafe { core::slice::from_raw_parts(self.ptr.cast::<T>(), self.numel) })
+    }
+}
+
+fn contiguous<'s>(axes: impl Iterator<Item = (&'s i64, &'s i64)>, numel: usize) -> bool {
+    if numel <= 1 {
+        return true;
+    }
+    let mut expected = 1i64;
+    for (&dim, &stride) in axes {
+        if dim != 1 {
+            if stride != expected {
+                return false;
+            }
+            expected *= dim;
+        }
+    }
+    true
+}
+
+/// A validated view through which the elements may be written.
+///
+/// It exists only for tensors that are not read-only and whose elements do not
+/// overlap.
+#[derive(Debug)]
+pub struct TensorViewMut<'a> {
+    view: TensorView<'a>,
+    _data: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> TensorViewMut<'a> {
+    /// Validates `tensor` for writing.
+    ///
+    /// # Safety
+    /// As [`TensorView::from_dltensor`], and the bytes reached must also be
+    /// writable, and not accessed through any other path, for `'a`.
+    pub unsafe fn from_dltensor(tensor: &'a mut DLTensor, padded: bool) -> Result<Self, Error> {
+        let tensor: &'a DLTensor = tensor;
+        // SAFETY: forwarded from the caller.
+        let view = unsafe { TensorView::from_dltensor(tensor, padded)? };
+        Self::from_view(view)
+    }
+
+    /// Upgrades a view the caller is entitled to write through.
+    pub(crate) fn from_view(view: TensorView<'a>) -> Result<Self, Error> {
+        if !view.is_non_overlapping() {
+            return Err(Error::OverlappingMemory);
+        }
+        Ok(TensorViewMut { view, _data: PhantomData })
+    }
+
+    /// Address of element 0, for writing.
+    pub fn as_mut_ptr(&mut self) -> *mut c_void {
+        self.view.ptr.cast_mut().cast()
+    }
+
+    /// The elements as a mutable slice; the conditions of
+    /// [`TensorView::as_slice`] apply.
+    pub fn as_slice_mut<T: Element>(&mut self) -> Option<&mut [T]> {
+        self.try_as_slice_mut().ok()
+    }
+
+    /// Like [`as_slice_mut`](Self::as_slice_mut), with the reason for a refusal.
+    pub fn try_as_slice_mut<T: Element>(&mut self) -> Result<&mut [T], Error> {
+        let len = self.view.try_as_slice::<T>()?.len();
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: `try_as_slice` proved the layout, type, alignment and values;
+        // `TensorViewMut`'s construction proved the memory writable and unaliased
+        // for 'a, and `&mut self` makes this the only borrow.
+        Ok(unsafe { core::slice::from_raw_parts_mut(self.as_mut_ptr().cast::<T>(), len) })
+    }
+}
+
+impl<'a> core::ops::Deref for TensorViewMut<'a> {
+    type Target = TensorView<'a>;
+    fn deref(&self) -> &TensorView<'a> {
+        &self.view
+    }
+}
+
+impl<'a> Borrow<TensorView<'a>> for TensorViewMut<'a> {
+    fn borrow(&self) -> &TensorView<'a> {
+        &self.view
+    }
+}
