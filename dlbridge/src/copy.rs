@@ -10,7 +10,6 @@ use core::alloc::Layout;
 use core::ptr::NonNull;
 
 use crate::error::Error;
-use crate::ffi::DLPACK_FLAG_BITMASK_IS_COPIED;
 use crate::managed::{Managed, ManagedAbi};
 use crate::view::TensorView;
 use crate::{export, DataType, Device};
@@ -131,17 +130,8 @@ pub fn to_contiguous<M: ManagedAbi>(view: &TensorView<'_>) -> Result<Managed<M>,
         }
     }
     let mut tensor: Managed<M> = buffer.into_tensor(view.dtype(), view.shape())?;
-    set_copied(&mut tensor);
+    tensor.mark_copied();
     Ok(tensor)
-}
-
-fn set_copied<M: ManagedAbi>(tensor: &mut Managed<M>) {
-    if tensor.version().is_some() {
-        let raw = tensor.as_raw() as *const M as *mut crate::ffi::DLManagedTensorVersioned;
-        // SAFETY: `version()` is Some only for the versioned struct, which this is;
-        // the tensor is freshly made and owned, nothing borrows its flags.
-        unsafe { (*raw).flags |= DLPACK_FLAG_BITMASK_IS_COPIED };
-    }
 }
 
 /// Drops axes of extent 1 and merges axes that are contiguous with each other.
@@ -175,8 +165,8 @@ unsafe fn strided_copy(src: *const u8, dst: *mut u8, shape: &[usize], strides: &
     if shape.contains(&0) {
         return;
     }
-    // SAFETY (all blocks below): forwarded from the caller; the loops visit each
-    // index of `shape` once, reading at its strided offset and writing densely.
+    // SAFETY: forwarded from the caller; the loops visit each index of `shape`
+    // once, reading at its strided offset and writing densely.
     unsafe {
         match (shape.len(), strides.last()) {
             (0, _) => core::ptr::copy_nonoverlapping(src, dst, itemsize),

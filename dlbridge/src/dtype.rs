@@ -4,6 +4,7 @@
 //! [`TABLE`] is the project's only dtype table: the Python layer reads names and
 //! buffer-protocol formats from it too.
 
+use core::ffi::CStr;
 use core::fmt;
 use core::str::FromStr;
 
@@ -80,11 +81,12 @@ pub struct DTypeEntry {
     pub name: &'static str,
     /// The scalar type (lanes = 1).
     pub dtype: DataType,
-    /// PEP 3118 format character(s), where one exists.
-    pub buffer_format: Option<&'static str>,
+    /// PEP 3118 format character(s), where one exists; a C string because the
+    /// buffer protocol hands it out as one.
+    pub buffer_format: Option<&'static CStr>,
 }
 
-const fn entry(name: &'static str, code: DataTypeCode, bits: u8, fmt: Option<&'static str>) -> DTypeEntry {
+const fn entry(name: &'static str, code: DataTypeCode, bits: u8, fmt: Option<&'static CStr>) -> DTypeEntry {
     DTypeEntry { name, dtype: DataType { code, bits, lanes: 1 }, buffer_format: fmt }
 }
 
@@ -92,22 +94,22 @@ const fn entry(name: &'static str, code: DataTypeCode, bits: u8, fmt: Option<&'s
 pub const TABLE: &[DTypeEntry] = {
     use DataTypeCode as C;
     &[
-        entry("bool", C::BOOL, 8, Some("?")),
-        entry("int8", C::INT, 8, Some("b")),
-        entry("int16", C::INT, 16, Some("h")),
-        entry("int32", C::INT, 32, Some("i")),
-        entry("int64", C::INT, 64, Some("q")),
-        entry("uint8", C::UINT, 8, Some("B")),
-        entry("uint16", C::UINT, 16, Some("H")),
-        entry("uint32", C::UINT, 32, Some("I")),
-        entry("uint64", C::UINT, 64, Some("Q")),
-        entry("float16", C::FLOAT, 16, Some("e")),
-        entry("float32", C::FLOAT, 32, Some("f")),
-        entry("float64", C::FLOAT, 64, Some("d")),
+        entry("bool", C::BOOL, 8, Some(c"?")),
+        entry("int8", C::INT, 8, Some(c"b")),
+        entry("int16", C::INT, 16, Some(c"h")),
+        entry("int32", C::INT, 32, Some(c"i")),
+        entry("int64", C::INT, 64, Some(c"q")),
+        entry("uint8", C::UINT, 8, Some(c"B")),
+        entry("uint16", C::UINT, 16, Some(c"H")),
+        entry("uint32", C::UINT, 32, Some(c"I")),
+        entry("uint64", C::UINT, 64, Some(c"Q")),
+        entry("float16", C::FLOAT, 16, Some(c"e")),
+        entry("float32", C::FLOAT, 32, Some(c"f")),
+        entry("float64", C::FLOAT, 64, Some(c"d")),
         entry("bfloat16", C::BFLOAT, 16, None),
         entry("complex32", C::COMPLEX, 32, None),
-        entry("complex64", C::COMPLEX, 64, Some("Zf")),
-        entry("complex128", C::COMPLEX, 128, Some("Zd")),
+        entry("complex64", C::COMPLEX, 64, Some(c"Zf")),
+        entry("complex128", C::COMPLEX, 128, Some(c"Zd")),
         entry("float8_e3m4", C::FLOAT8_E3M4, 8, None),
         entry("float8_e4m3", C::FLOAT8_E4M3, 8, None),
         entry("float8_e4m3b11fnuz", C::FLOAT8_E4M3B11FNUZ, 8, None),
@@ -274,7 +276,7 @@ impl DataType {
     }
 
     /// The PEP 3118 format of one element, for single-lane types that have one.
-    pub fn buffer_format(self) -> Option<&'static str> {
+    pub fn buffer_format(self) -> Option<&'static CStr> {
         if self.lanes != 1 {
             return None;
         }
@@ -300,7 +302,7 @@ impl DataType {
             "c" => "B",
             other => other,
         };
-        TABLE.iter().find(|e| e.buffer_format == Some(body)).map(|e| e.dtype)
+        TABLE.iter().find(|e| e.buffer_format.is_some_and(|f| f.to_bytes() == body.as_bytes())).map(|e| e.dtype)
     }
 }
 
@@ -501,7 +503,7 @@ mod tests {
         assert_eq!(DataType::from_buffer_format("l"), Some(DataType::INT64));
         assert_eq!(DataType::from_buffer_format(">f"), None);
         assert_eq!(DataType::from_buffer_format("O"), None);
-        assert_eq!(DataType::FLOAT32.buffer_format(), Some("f"));
+        assert_eq!(DataType::FLOAT32.buffer_format(), Some(c"f"));
     }
 
     #[test]

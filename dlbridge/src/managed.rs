@@ -37,6 +37,8 @@ pub trait ManagedAbi: sealed::Sealed + Sized + 'static {
     fn version(&self) -> Option<DLPackVersion>;
     /// The flags; always 0 for the legacy struct.
     fn flags(&self) -> u64;
+    /// The flags, for writing; `None` for the legacy struct, which has none.
+    fn flags_mut(&mut self) -> Option<&mut u64>;
     /// The tensor. Read only after the version has been checked.
     fn dl_tensor(&self) -> &DLTensor;
     /// The tensor, mutably.
@@ -64,6 +66,9 @@ impl ManagedAbi for DLManagedTensorVersioned {
     }
     fn flags(&self) -> u64 {
         self.flags
+    }
+    fn flags_mut(&mut self) -> Option<&mut u64> {
+        Some(&mut self.flags)
     }
     fn dl_tensor(&self) -> &DLTensor {
         &self.dl_tensor
@@ -99,6 +104,9 @@ impl ManagedAbi for DLManagedTensor {
     }
     fn flags(&self) -> u64 {
         0
+    }
+    fn flags_mut(&mut self) -> Option<&mut u64> {
+        None
     }
     fn dl_tensor(&self) -> &DLTensor {
         &self.dl_tensor
@@ -242,18 +250,26 @@ impl<M: ManagedAbi> Managed<M> {
     }
 }
 
-impl ManagedTensor {
-    /// Sets READ_ONLY. There is no way to clear it: only the producer may grant writes.
-    pub fn mark_read_only(&mut self) {
-        // SAFETY: owned; `flags` is in the stable prefix and no view borrows it.
-        unsafe { (*self.ptr.as_ptr()).flags |= DLPACK_FLAG_BITMASK_READ_ONLY };
+impl<M: ManagedAbi> Managed<M> {
+    fn insert_flags(&mut self, bits: u64) {
+        // SAFETY: owned; `flags` is in the stable prefix, and the view holds no
+        // reference into the struct itself, only into its shape and strides.
+        if let Some(flags) = unsafe { (*self.ptr.as_ptr()).flags_mut() } {
+            *flags |= bits;
+        }
     }
 
-    /// Sets IS_COPIED: the consumer will own this data alone. Only for tensors
-    /// whose data nothing else refers to, such as a fresh copy.
+    /// Sets READ_ONLY (a no-op for legacy tensors, which cannot carry it). There
+    /// is no way to clear it: only the producer may grant writes.
+    pub fn mark_read_only(&mut self) {
+        self.insert_flags(DLPACK_FLAG_BITMASK_READ_ONLY);
+    }
+
+    /// Sets IS_COPIED (a no-op for legacy tensors): the consumer will own this
+    /// data alone. Only for tensors whose data nothing else refers to, such as
+    /// a fresh copy.
     pub fn mark_copied(&mut self) {
-        // SAFETY: as for `mark_read_only`.
-        unsafe { (*self.ptr.as_ptr()).flags |= DLPACK_FLAG_BITMASK_IS_COPIED };
+        self.insert_flags(DLPACK_FLAG_BITMASK_IS_COPIED);
     }
 }
 

@@ -316,7 +316,7 @@ impl<'a> TensorView<'a> {
             if stride < span {
                 return false;
             }
-            span = stride * (dim - 1) + span;
+            span += stride * (dim - 1);
         }
         true
     }

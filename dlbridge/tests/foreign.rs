@@ -81,7 +81,8 @@ fn malformed_tensors_are_errors_and_still_deleted() {
     let mut data = buffer();
     let ptr: *mut c_void = data.as_mut_ptr().cast();
     type Break = fn(&mut Producer);
-    let cases: Vec<(&str, Break, fn(&Error) -> bool)> = vec![
+    type Check = fn(&Error) -> bool;
+    let cases: Vec<(&str, Break, Check)> = vec![
         ("negative ndim", |p| p.managed.dl_tensor.ndim = -1, |e| matches!(e, Error::NdimOutOfRange { ndim: -1, .. })),
         ("ndim over the maximum", |p| p.managed.dl_tensor.ndim = 65, |e| matches!(e, Error::NdimOutOfRange { ndim: 65, max: 64 })),
         ("NULL shape", |p| p.managed.dl_tensor.shape = std::ptr::null_mut(), |e| matches!(e, Error::NullShape { ndim: 2 })),
@@ -123,7 +124,7 @@ fn version_mismatch_never_reads_past_flags() {
     let mut p = Producer::new(0xdead as *mut c_void, DataType::FLOAT32, &[4], None);
     p.managed.version.major = 2;
     p.managed.dl_tensor.ndim = -99;
-    p.managed.dl_tensor.shape = 0x1 as *mut i64;
+    p.managed.dl_tensor.shape = std::ptr::dangling_mut::<i64>();
     let (result, deleted) = p.import();
     assert!(matches!(result, Err(Error::UnsupportedVersion { major: 2, .. })));
     assert_eq!(deleted, 1);

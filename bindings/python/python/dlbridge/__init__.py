@@ -1,0 +1,22 @@
+"""dlbridge: DLPack tensors between NumPy, PyTorch, JAX, tvm-ffi and Rust, without copying.
+
+    >>> import numpy as np, dlbridge
+    >>> t = dlbridge.from_dlpack(np.arange(6, dtype=np.float32).reshape(2, 3))
+    >>> t.shape, str(t.dtype), t.device
+    ((2, 3), 'float32', (1, 0))
+    >>> np.from_dlpack(t).sum()
+    np.float32(15.0)
+"""
+
+from ._native import DLPACK_VERSION, DType, Tensor, __version__, asarray, empty, from_dlpack, zeros
+
+__all__ = [
+    "DLPACK_VERSION",
+    "DType",
+    "Tensor",
+    "__version__",
+    "asarray",
+    "empty",
+    "from_dlpack",
+    "zeros",
+]

@@ -1,0 +1,112 @@
+"""Type stubs for dlbridge's native module. Everything here is re-exported by `dlbridge`."""
+
+from typing import Any, Optional, Sequence, Tuple, Union
+
+__version__: str
+DLPACK_VERSION: Tuple[int, int]
+"""The DLPack ABI version dlbridge implements, (1, 3)."""
+
+Device = Tuple[int, int]
+"""(device_type, device_id), as `__dlpack_device__` returns: CPU is (1, 0), CUDA device 0 is (2, 0)."""
+
+class DType:
+    """An element type. `str(dtype)` is the canonical name, and `dtype == "float32"` holds."""
+
+    def __init__(self, name: str) -> None:
+        """Parses a canonical name such as "float32", "bfloat16", "float8_e4m3fn" or "float32x4"."""
+    @property
+    def code(self) -> int:
+        """The DLPack type code (kDLFloat is 2)."""
+    @property
+    def bits(self) -> int:
+        """Bits of one lane."""
+    @property
+    def lanes(self) -> int:
+        """Lanes per element; 1 for scalars."""
+    @property
+    def itemsize(self) -> Optional[int]:
+        """Bytes per element; None for packed sub-byte types such as float4_e2m1fn."""
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+class Tensor:
+    """An n-dimensional tensor exchanged through DLPack. Immutable as an object; its data may be
+    written through other views unless it is read-only."""
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """Extent of each axis."""
+    @property
+    def ndim(self) -> int:
+        """Number of axes."""
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes the elements take when contiguous."""
+    @property
+    def strides(self) -> Tuple[int, ...]:
+        """Stride of each axis, in elements (not bytes); always filled in."""
+    @property
+    def dtype(self) -> DType:
+        """Element type."""
+    @property
+    def device(self) -> Device:
+        """Where the memory lives; equal to `__dlpack_device__()`."""
+    @property
+    def readonly(self) -> bool:
+        """Whether the data may not be written (the producer set READ_ONLY)."""
+    @property
+    def is_copied(self) -> bool:
+        """Whether the producer copied the data for this tensor (IS_COPIED)."""
+    @property
+    def data_ptr(self) -> int:
+        """Address of element 0, with byte_offset applied."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[int] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Device] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """Exports a DLPack capsule: legacy "dltensor" when max_version is None or below (1, 0), else
+        "dltensor_versioned" at version 1.3. copy=True copies and sets IS_COPIED; copy=False never copies.
+        A non-None stream on CPU raises ValueError; an unreachable dl_device raises BufferError; a
+        read-only tensor asked for a legacy capsule without copy=True raises BufferError."""
+    def __dlpack_device__(self) -> Device:
+        """(device_type, device_id) of the memory."""
+    @property
+    def __array_interface__(self) -> dict:
+        """NumPy's array interface, version 3 (CPU-accessible memory only)."""
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """The CUDA array interface, version 3 (CUDA memory only)."""
+    def __buffer__(self, flags: int) -> memoryview: ...
+    def tolist(self) -> Any:
+        """The elements as nested lists (CPU only)."""
+    def copy(self) -> "Tensor":
+        """A C-contiguous copy in fresh, 64-byte aligned memory that Rust owns."""
+    def __len__(self) -> int: ...
+
+def from_dlpack(x: Any, /, *, device: Union[None, str, Device] = None, copy: Optional[bool] = None) -> Tensor:
+    """A tensor from any object with `__dlpack__`, or from a raw "dltensor"/"dltensor_versioned" capsule
+    (which is consumed). Asks for max_version=(1, 3) and falls back for older producers.
+
+    device: None (keep), "cpu", or a (device_type, device_id) tuple.
+    copy: None copies only if needed; True always gives fresh memory; False never copies and raises
+    ValueError when a copy would be needed.
+
+    Raises TypeError for objects without `__dlpack__`, ValueError for used or foreign capsules,
+    BufferError for tensors that cannot be imported or unsupported devices."""
+
+def asarray(obj: Any, /, *, copy: Optional[bool] = None) -> Tensor:
+    """A tensor from DLPack, the buffer protocol (bytes, bytearray, memoryview, array.array, mmap),
+    `__array_interface__` or `__cuda_array_interface__`, zero-copy unless copy=True."""
+
+def empty(shape: Union[int, Sequence[int]], dtype: Union[str, DType] = "float32") -> Tensor:
+    """A CPU tensor whose memory Rust owns (zero-filled)."""
+
+def zeros(shape: Union[int, Sequence[int]], dtype: Union[str, DType] = "float32") -> Tensor:
+    """A zero-filled CPU tensor whose memory Rust owns."""

@@ -1,0 +1,187 @@
+//! DLPack capsules: `dltensor` / `dltensor_versioned`, renamed `used_*` once a
+//! consumer owns the tensor.
+//!
+//! The names themselves live in one place, [`ManagedAbi::CAPSULE_NAME`] and
+//! [`ManagedAbi::USED_CAPSULE_NAME`]; they are static C strings, as the spec requires.
+
+use core::ffi::{c_void, CStr};
+
+use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned};
+use dlbridge::{LegacyManagedTensor, Managed, ManagedAbi, ManagedTensor, TensorView, TensorViewMut};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::{ffi, Bound};
+
+use crate::errors::IntoPyResult;
+
+/// An owned tensor of either ABI.
+#[derive(Debug)]
+pub enum AnyManaged {
+    /// From a `dltensor_versioned` capsule or the exchange API.
+    Versioned(ManagedTensor),
+    /// From a legacy `dltensor` capsule.
+    Legacy(LegacyManagedTensor),
+}
+
+impl AnyManaged {
+    /// The validated view.
+    pub fn view(&self) -> &TensorView<'_> {
+        match self {
+            AnyManaged::Versioned(t) => t.view(),
+            AnyManaged::Legacy(t) => t.view(),
+        }
+    }
+
+    /// A writable view, refused for read-only or overlapping tensors.
+    pub fn view_mut(&mut self) -> Result<TensorViewMut<'_>, dlbridge::Error> {
+        match self {
+            AnyManaged::Versioned(t) => t.view_mut(),
+            AnyManaged::Legacy(t) => t.view_mut(),
+        }
+    }
+
+    /// The DLPack flags (0 for legacy tensors).
+    pub fn flags(&self) -> u64 {
+        match self {
+            AnyManaged::Versioned(t) => t.flags(),
+            AnyManaged::Legacy(_) => 0,
+        }
+    }
+
+    /// Whether the producer marked the data read-only.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, AnyManaged::Versioned(t) if t.is_read_only())
+    }
+
+    /// Whether the producer says it copied the data for us.
+    pub fn is_copied(&self) -> bool {
+        matches!(self, AnyManaged::Versioned(t) if t.is_copied())
+    }
+}
+
+impl From<ManagedTensor> for AnyManaged {
+    fn from(t: ManagedTensor) -> Self {
+        AnyManaged::Versioned(t)
+    }
+}
+
+impl From<LegacyManagedTensor> for AnyManaged {
+    fn from(t: LegacyManagedTensor) -> Self {
+        AnyManaged::Legacy(t)
+    }
+}
+
+/// Destructor of the capsules we produce: deletes the tensor unless a consumer
+/// renamed the capsule (took ownership). Any exception already in flight is
+/// saved and restored around the deleter.
+unsafe extern "C" fn destructor<M: ManagedAbi>(capsule: *mut ffi::PyObject) {
+    // SAFETY: CPython calls capsule destructors with the GIL held and a live
+    // capsule. `PyCapsule_IsValid` never raises; GetPointer may, which is why
+    // the in-flight exception is saved first.
+    unsafe {
+        if ffi::PyCapsule_IsValid(capsule, M::USED_CAPSULE_NAME.as_ptr()) == 1 {
+            return;
+        }
+        let (mut kind, mut value, mut traceback) = (core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut());
+        ffi::PyErr_Fetch(&mut kind, &mut value, &mut traceback);
+        let ptr = ffi::PyCapsule_GetPointer(capsule, M::CAPSULE_NAME.as_ptr()).cast::<M>();
+        match core::ptr::NonNull::new(ptr) {
+            Some(ptr) => M::delete(ptr),
+            None => ffi::PyErr_WriteUnraisable(capsule),
+        }
+        ffi::PyErr_Restore(kind, value, traceback);
+    }
+}
+
+/// Wraps an owned tensor in a new capsule named [`ManagedAbi::CAPSULE_NAME`].
+pub fn into_capsule<'py, M: ManagedAbi>(py: Python<'py>, tensor: Managed<M>) -> PyResult<Bound<'py, PyAny>> {
+    let raw = tensor.into_raw();
+    // SAFETY: `raw` is an owned managed tensor; the capsule takes it over and its
+    // destructor deletes it exactly once unless a consumer renames it.
+    unsafe {
+        let capsule = ffi::PyCapsule_New(raw.cast::<c_void>(), M::CAPSULE_NAME.as_ptr(), Some(destructor::<M>));
+        if capsule.is_null() {
+            // Nothing took ownership: delete it here.
+            drop(Managed::<M>::from_raw(raw));
+            return Err(PyErr::fetch(py));
+        }
+        Ok(Bound::from_owned_ptr(py, capsule))
+    }
+}
+
+/// The name of a capsule, if it has a readable one.
+fn capsule_name(capsule: &Bound<'_, PyAny>) -> Option<String> {
+    // SAFETY: `capsule` is a live capsule (checked by the caller); the name, if
+    // any, is a NUL-terminated string that lives as long as the capsule.
+    unsafe {
+        let name = ffi::PyCapsule_GetName(capsule.as_ptr());
+        if name.is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        Some(CStr::from_ptr(name).to_string_lossy().into_owned())
+    }
+}
+
+/// Whether `obj` is a PyCapsule.
+pub fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
+    // SAFETY: a type check on a live object.
+    unsafe { ffi::PyCapsule_CheckExact(obj.as_ptr()) == 1 }
+}
+
+fn consume_as<M: ManagedAbi>(capsule: &Bound<'_, PyAny>) -> PyResult<Managed<M>> {
+    // SAFETY: the capsule is valid under this name (checked by the caller), so its
+    // pointer is an owned managed tensor that nobody has consumed yet. It is
+    // validated without taking ownership; only then is the capsule renamed, so a
+    // failed import leaves the producer's destructor in charge.
+    unsafe {
+        let ptr = ffi::PyCapsule_GetPointer(capsule.as_ptr(), M::CAPSULE_NAME.as_ptr()).cast::<M>();
+        if ptr.is_null() {
+            return Err(PyErr::fetch(capsule.py()));
+        }
+        let tensor = Managed::<M>::try_from_raw(ptr).map_err(|(err, _)| err).py()?;
+        if ffi::PyCapsule_SetName(capsule.as_ptr(), M::USED_CAPSULE_NAME.as_ptr()) != 0 {
+            let _ = tensor.into_raw(); // still the capsule's
+            return Err(PyErr::fetch(capsule.py()));
+        }
+        Ok(tensor)
+    }
+}
+
+/// Takes ownership of the tensor in a `dltensor` or `dltensor_versioned`
+/// capsule, renaming it to `used_*` once the import has fully succeeded.
+///
+/// A used capsule, or one with another name, raises ValueError; a capsule whose
+/// tensor is malformed raises BufferError and stays unused, so its producer
+/// frees it.
+pub fn consume_capsule(capsule: &Bound<'_, PyAny>) -> PyResult<AnyManaged> {
+    if !is_capsule(capsule) {
+        return Err(PyTypeError::new_err(format!(
+            "expected a DLPack capsule, got {}",
+            capsule.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+        )));
+    }
+    // SAFETY: `PyCapsule_IsValid` only compares names and never raises.
+    let valid = |name: &CStr| unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), name.as_ptr()) == 1 };
+    if valid(DLManagedTensorVersioned::CAPSULE_NAME) {
+        return consume_as::<DLManagedTensorVersioned>(capsule).map(AnyManaged::Versioned);
+    }
+    if valid(DLManagedTensor::CAPSULE_NAME) {
+        return consume_as::<DLManagedTensor>(capsule).map(AnyManaged::Legacy);
+    }
+    let name = capsule_name(capsule);
+    let used = [DLManagedTensorVersioned::USED_CAPSULE_NAME, DLManagedTensor::USED_CAPSULE_NAME]
+        .iter()
+        .any(|used| name.as_deref() == used.to_str().ok());
+    if used {
+        Err(PyValueError::new_err(format!(
+            "DLPack capsule {:?} was already consumed; a capsule can be imported only once",
+            name.unwrap_or_default()
+        )))
+    } else {
+        Err(PyValueError::new_err(format!(
+            "capsule named {:?} is not a DLPack capsule (expected \"dltensor\" or \"dltensor_versioned\")",
+            name.unwrap_or_default()
+        )))
+    }
+}

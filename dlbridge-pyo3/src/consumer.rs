@@ -1,0 +1,530 @@
+//! Consumer side: take a tensor from any Python producer.
+//!
+//! [`from_dlpack`] speaks DLPack only: raw capsules and `__dlpack__`, with the
+//! array-API negotiation (ask for `max_version=(1, 3)`, pass `dl_device` and
+//! `copy` only when asked, retry with no keywords on TypeError, which also
+//! serves early-draft producers). [`import_any`] adds the buffer protocol,
+//! `__array_interface__` and `__cuda_array_interface__`.
+
+use core::ffi::c_void;
+
+use dlbridge::export::{export_raw, RawLayout};
+use dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
+use dlbridge::{to_contiguous, DataType, DataTypeCode, Device, DeviceType, ManagedTensor, TensorView, TensorViewMut};
+use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyString, PyTuple};
+use pyo3::{ffi, intern, Borrowed};
+
+use crate::capsule::{consume_capsule, is_capsule, AnyManaged};
+use crate::errors::IntoPyResult;
+use crate::owner::{BufferOwner, PyOwner};
+use crate::tensor::Tensor;
+
+/// What the caller asks of an import.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// The device the result must be on; `None` keeps the producer's.
+    pub device: Option<Device>,
+    /// `Some(true)`: the result owns fresh memory. `Some(false)`: never copy.
+    /// `None`: copy only if needed.
+    pub copy: Option<bool>,
+}
+
+/// Parses a `device` argument: None, `"cpu"`, or a `(device_type, device_id)` tuple.
+pub fn parse_device(device: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Device>> {
+    let Some(device) = device else { return Ok(None) };
+    if device.is_none() {
+        return Ok(None);
+    }
+    if let Ok(name) = device.cast::<PyString>() {
+        let name = name.to_str()?;
+        return match name {
+            "cpu" => Ok(Some(Device::CPU)),
+            other => Err(PyValueError::new_err(format!(
+                "device {other:?} is not understood: use None, \"cpu\" or a (device_type, device_id) tuple"
+            ))),
+        };
+    }
+    parse_device_tuple(device, "device").map(Some)
+}
+
+/// Parses a `(device_type, device_id)` tuple, as `__dlpack_device__` returns and
+/// `dl_device` takes; IntEnum members are accepted.
+pub(crate) fn parse_device_tuple(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Device> {
+    let bad = || PyTypeError::new_err(format!("{what} must be a (device_type, device_id) tuple of ints, got {obj}"));
+    let tuple = obj.cast::<PyTuple>().map_err(|_| bad())?;
+    if tuple.len() != 2 {
+        return Err(bad());
+    }
+    let device_type: i32 = tuple.get_item(0)?.extract().map_err(|_| bad())?;
+    let device_id: i32 = tuple.get_item(1)?.extract().map_err(|_| bad())?;
+    Ok(Device::new(DeviceType(device_type), device_id))
+}
+
+/// The keyword names of a `__dlpack__` call, cached per combination of the
+/// optional `dl_device` and `copy`.
+fn kwnames(py: Python<'_>, dl_device: bool, copy: bool) -> &Bound<'_, PyTuple> {
+    static CACHE: [PyOnceLock<Py<PyTuple>>; 4] = [const { PyOnceLock::new() }; 4];
+    let index = usize::from(dl_device) | usize::from(copy) << 1;
+    CACHE[index]
+        .get_or_init(py, || {
+            let mut names = vec![intern!(py, "max_version")];
+            if dl_device {
+                names.push(intern!(py, "dl_device"));
+            }
+            if copy {
+                names.push(intern!(py, "copy"));
+            }
+            PyTuple::new(py, names).expect("a tuple of strings").unbind()
+        })
+        .bind(py)
+}
+
+fn max_version_arg(py: Python<'_>) -> &Bound<'_, PyTuple> {
+    static MAX_VERSION: PyOnceLock<Py<PyTuple>> = PyOnceLock::new();
+    MAX_VERSION
+        .get_or_init(py, || {
+            let v = dlbridge::ffi::DLPackVersion::CURRENT;
+            PyTuple::new(py, [v.major, v.minor]).expect("a tuple of ints").unbind()
+        })
+        .bind(py)
+}
+
+/// `obj.__dlpack__(max_version=(1, 3)[, dl_device=..][, copy=..])` by vectorcall,
+/// with interned names and no dict.
+fn call_dlpack_versioned<'py>(obj: &Bound<'py, PyAny>, options: ImportOptions) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    let device_arg = options.device.map(|d| PyTuple::new(py, [d.device_type.0, d.device_id])).transpose()?;
+    let copy_arg = options.copy.map(|c| pyo3::types::PyBool::new(py, c).to_owned().into_any());
+    let mut args: Vec<*mut ffi::PyObject> = vec![obj.as_ptr(), max_version_arg(py).as_ptr()];
+    if let Some(d) = &device_arg {
+        args.push(d.as_ptr());
+    }
+    if let Some(c) = &copy_arg {
+        args.push(c.as_ptr());
+    }
+    let names = kwnames(py, device_arg.is_some(), copy_arg.is_some());
+    // SAFETY: `args` holds self followed by one value per keyword name, all
+    // borrowed from live objects for the duration of the call; nargsf counts
+    // self only.
+    unsafe {
+        let result = ffi::PyObject_VectorcallMethod(intern!(py, "__dlpack__").as_ptr(), args.as_ptr(), 1, names.as_ptr());
+        Bound::from_owned_ptr_or_err(py, result)
+    }
+}
+
+/// Turns a failed `__dlpack__` lookup into the TypeError that `from_dlpack` raises.
+fn no_dlpack(obj: &Bound<'_, PyAny>) -> PyErr {
+    let name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+    PyTypeError::new_err(format!(
+        "object of type {name} does not support DLPack: it has no __dlpack__ method and is not a DLPack capsule"
+    ))
+}
+
+fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
+    obj.hasattr(intern!(obj.py(), "__dlpack__")).unwrap_or(false)
+}
+
+/// Calls `__dlpack__` with the array-API negotiation and returns its capsule.
+fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptions) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    let capsule = match call_dlpack_versioned(obj, options) {
+        Ok(capsule) => capsule,
+        Err(err) if err.is_instance_of::<PyTypeError>(py) => {
+            // A producer that predates max_version (or dl_device/copy): retry with
+            // no keywords. Early-draft producers land here too and return their
+            // legacy capsule, the only ABI of the draft whose layout is certain.
+            obj.call_method0(intern!(py, "__dlpack__")).map_err(|retry_err| {
+                if retry_err.is_instance_of::<PyAttributeError>(py) && !has_dlpack(obj) {
+                    no_dlpack(obj)
+                } else {
+                    retry_err
+                }
+            })?
+        }
+        Err(err) if err.is_instance_of::<PyAttributeError>(py) && !has_dlpack(obj) => return Err(no_dlpack(obj)),
+        Err(err) => return Err(err),
+    };
+    if !is_capsule(&capsule) {
+        let kind = capsule.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+        return Err(PyTypeError::new_err(format!("__dlpack__ returned a {kind}, not a DLPack capsule")));
+    }
+    Ok(capsule)
+}
+
+/// Applies `device` and `copy` to an imported tensor.
+fn finish(managed: AnyManaged, options: ImportOptions) -> PyResult<AnyManaged> {
+    let device = managed.view().device();
+    if let Some(wanted) = options.device {
+        let reachable = wanted == device || (wanted == Device::CPU && device.is_cpu_accessible());
+        if !reachable {
+            if options.copy == Some(false) {
+                return Err(PyValueError::new_err(format!(
+                    "the tensor is on {device}, not {wanted}, and copy=False forbids moving it"
+                )));
+            }
+            return Err(PyBufferError::new_err(format!("cannot move a tensor from {device} to {wanted}")));
+        }
+    }
+    match options.copy {
+        Some(true) if !managed.is_copied() => {
+            let copied: ManagedTensor = to_contiguous(managed.view()).py()?;
+            Ok(AnyManaged::Versioned(copied))
+        }
+        Some(false) if managed.is_copied() => Err(PyBufferError::new_err(
+            "the producer copied the data (IS_COPIED is set) although copy=False was requested",
+        )),
+        _ => Ok(managed),
+    }
+}
+
+/// A new tensor sharing the memory of one of our own `Tensor` objects.
+fn share_tensor(tensor: &Bound<'_, Tensor>) -> PyResult<AnyManaged> {
+    let inner = tensor.get();
+    let view = inner.view();
+    let flags = if inner.readonly() { DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
+    let layout = RawLayout {
+        dtype: view.dtype(),
+        device: view.device(),
+        shape: view.shape(),
+        strides: Some(view.strides()),
+        byte_offset: 0,
+    };
+    // SAFETY: the memory is the tensor's own, valid for its validated layout for
+    // as long as the tensor object lives, which the owner guarantees.
+    let shared: ManagedTensor =
+        unsafe { export_raw(PyOwner::new(tensor.as_any()), view.as_ptr().cast_mut(), layout, flags) }.py()?;
+    Ok(AnyManaged::Versioned(shared))
+}
+
+/// Imports through DLPack: a raw `dltensor`/`dltensor_versioned` capsule (which
+/// is consumed) or any object with `__dlpack__`.
+///
+/// Raises TypeError for an object with neither, ValueError for a used or
+/// foreign capsule, BufferError for a tensor that cannot be imported, and
+/// ValueError when `copy=False` forbids a needed copy.
+pub fn from_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<AnyManaged> {
+    if let Ok(tensor) = obj.cast::<Tensor>() {
+        return finish(share_tensor(tensor)?, options);
+    }
+    if is_capsule(obj) {
+        return finish(consume_capsule(obj)?, options);
+    }
+    let capsule = request_capsule(obj, options)?;
+    finish(consume_capsule(&capsule)?, options)
+}
+
+/// Imports from anything that exposes DLPack, the buffer protocol,
+/// `__array_interface__` or `__cuda_array_interface__`, tried in that order.
+pub fn import_any(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<AnyManaged> {
+    let py = obj.py();
+    let options = ImportOptions { device: None, copy };
+    if obj.cast::<Tensor>().is_ok() || is_capsule(obj) || has_dlpack(obj) {
+        return from_dlpack(obj, options);
+    }
+    // SAFETY: a type-slot check on a live object.
+    let managed = if unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1 {
+        import_buffer(obj)?
+    } else if let Some(interface) = optional_attr(obj, intern!(py, "__array_interface__"))? {
+        import_array_interface(obj, &interface)?
+    } else if let Some(interface) = optional_attr(obj, intern!(py, "__cuda_array_interface__"))? {
+        import_cuda_array_interface(obj, &interface)?
+    } else {
+        let name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+        return Err(PyTypeError::new_err(format!(
+            "cannot make a tensor from {name}: it has no __dlpack__, buffer protocol, __array_interface__ or __cuda_array_interface__"
+        )));
+    };
+    finish(managed, options)
+}
+
+fn optional_attr<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    match obj.getattr(name) {
+        Ok(value) => Ok(Some(value)),
+        Err(err) if err.is_instance_of::<PyAttributeError>(obj.py()) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// Imports a buffer-protocol exporter (bytes, bytearray, memoryview,
+/// array.array, mmap, ...) without copying; the buffer stays open until the
+/// tensor is freed.
+pub fn import_buffer(obj: &Bound<'_, PyAny>) -> PyResult<AnyManaged> {
+    // SAFETY: Py_buffer is plain data; GetBuffer fills it or fails.
+    let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { core::mem::zeroed() });
+    // SAFETY: `obj` is live and `view` is writable; on success the view must be
+    // released once, which `BufferOwner` does.
+    if unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_RECORDS_RO) } != 0 {
+        return Err(PyErr::fetch(obj.py()));
+    }
+    let owner = BufferOwner::new(view);
+    let view = owner.view();
+    // SAFETY: a filled view's `format` is NULL (meaning "B") or a C string.
+    let format = if view.format.is_null() {
+        "B".to_owned()
+    } else {
+        unsafe { core::ffi::CStr::from_ptr(view.format) }.to_string_lossy().into_owned()
+    };
+    let dtype = DataType::from_buffer_format(&format).ok_or_else(|| {
+        PyBufferError::new_err(format!("buffer format {format:?} has no DLPack dtype (or is not in native byte order)"))
+    })?;
+    let itemsize = view.itemsize as i64;
+    if dtype.itemsize() != Some(view.itemsize as usize) {
+        return Err(PyBufferError::new_err(format!("buffer itemsize {itemsize} does not match format {format:?}")));
+    }
+    if !view.suboffsets.is_null() {
+        return Err(PyBufferError::new_err("buffers with suboffsets (PIL-style arrays) cannot be described by DLPack"));
+    }
+    let ndim = usize::try_from(view.ndim).map_err(|_| PyBufferError::new_err("negative buffer ndim"))?;
+    let (shape, strides): (Vec<i64>, Vec<i64>) = if view.shape.is_null() {
+        (vec![view.len as i64 / itemsize.max(1)], vec![1])
+    } else {
+        // SAFETY: with PyBUF_RECORDS the exporter fills `ndim` shape and stride entries.
+        let shape = unsafe { core::slice::from_raw_parts(view.shape, ndim) };
+        let byte_strides = unsafe { core::slice::from_raw_parts(view.strides, ndim) };
+        let mut strides = Vec::with_capacity(ndim);
+        for (axis, (&s, &d)) in byte_strides.iter().zip(shape).enumerate() {
+            if s as i64 % itemsize != 0 && d > 1 {
+                return Err(PyBufferError::new_err(format!(
+                    "buffer stride {s} of axis {axis} is not a multiple of the itemsize {itemsize}; DLPack counts strides in elements"
+                )));
+            }
+            strides.push(s as i64 / itemsize);
+        }
+        (shape.iter().map(|&d| d as i64).collect(), strides)
+    };
+    let flags = if view.readonly != 0 { DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
+    let data = view.buf;
+    let layout = RawLayout { dtype, device: Device::CPU, shape: &shape, strides: Some(&strides), byte_offset: 0 };
+    // SAFETY: the exporter guarantees `buf` with these shape and strides stays
+    // valid until the buffer is released, which happens when `owner` drops.
+    let managed: ManagedTensor = unsafe { export_raw(owner, data, layout, flags) }.py()?;
+    Ok(AnyManaged::Versioned(managed))
+}
+
+/// A NumPy typestr (`"<f4"`, `"|b1"`, ...) as a DLPack dtype; native byte order only.
+pub fn dtype_from_typestr(typestr: &str) -> PyResult<DataType> {
+    let bad = |why: &str| PyBufferError::new_err(format!("typestr {typestr:?}: {why}"));
+    let bytes = typestr.as_bytes();
+    if bytes.len() < 3 {
+        return Err(bad("expected <byteorder><kind><size>"));
+    }
+    let native = if cfg!(target_endian = "little") { b'<' } else { b'>' };
+    if !(bytes[0] == b'|' || bytes[0] == b'=' || bytes[0] == native) {
+        return Err(bad("DLPack only supports native byte order"));
+    }
+    let size: u8 = typestr[2..].parse().map_err(|_| bad("bad item size"))?;
+    let code = match bytes[1] {
+        b'b' if size == 1 => DataTypeCode::BOOL,
+        b'i' => DataTypeCode::INT,
+        b'u' => DataTypeCode::UINT,
+        b'f' => DataTypeCode::FLOAT,
+        b'c' => DataTypeCode::COMPLEX,
+        _ => return Err(bad("this kind has no DLPack dtype")),
+    };
+    let dtype = DataType::new(code, size.checked_mul(8).ok_or_else(|| bad("item size too large"))?, 1);
+    dtype.validate().map_err(|e| bad(&e.to_string()))?;
+    Ok(dtype)
+}
+
+/// The typestr of a single-lane dtype that NumPy's kinds can express.
+pub fn typestr(dtype: DataType) -> Option<String> {
+    let kind = match dtype.code {
+        DataTypeCode::BOOL => 'b',
+        DataTypeCode::INT => 'i',
+        DataTypeCode::UINT => 'u',
+        DataTypeCode::FLOAT => 'f',
+        DataTypeCode::COMPLEX => 'c',
+        _ => return None,
+    };
+    let size = dtype.itemsize().filter(|_| dtype.lanes == 1)?;
+    let order = if size == 1 { '|' } else if cfg!(target_endian = "little") { '<' } else { '>' };
+    Some(format!("{order}{kind}{size}"))
+}
+
+/// The fields both array interfaces share.
+struct Interface {
+    shape: Vec<i64>,
+    dtype: DataType,
+    data: Option<(usize, bool)>,
+    strides_bytes: Option<Vec<i64>>,
+}
+
+fn parse_interface<'py>(interface: &Bound<'py, PyAny>, which: &str) -> PyResult<(Interface, Bound<'py, PyDict>)> {
+    let dict = interface
+        .cast::<PyDict>()
+        .map_err(|_| PyTypeError::new_err(format!("{which} must be a dict, got {}", interface)))?
+        .clone();
+    let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
+        dict.get_item(key)?.ok_or_else(|| PyValueError::new_err(format!("{which} has no {key:?} key")))
+    };
+    let shape: Vec<i64> = get("shape")?
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("{which}[\"shape\"] must be a tuple of ints")))?;
+    let typestr_obj = get("typestr")?;
+    let typestr: String = typestr_obj
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("{which}[\"typestr\"] must be a str")))?;
+    let dtype = dtype_from_typestr(&typestr)?;
+    let data = match dict.get_item("data")? {
+        None => None,
+        Some(d) if d.is_none() => None,
+        Some(d) => Some(d.extract::<(usize, bool)>().map_err(|_| {
+            PyTypeError::new_err(format!("{which}[\"data\"] must be a (pointer: int, readonly: bool) tuple"))
+        })?),
+    };
+    let strides_bytes = match dict.get_item("strides")? {
+        None => None,
+        Some(s) if s.is_none() => None,
+        Some(s) => Some(
+            s.extract::<Vec<i64>>()
+                .map_err(|_| PyTypeError::new_err(format!("{which}[\"strides\"] must be None or a tuple of ints")))?,
+        ),
+    };
+    if let Some(mask) = dict.get_item("mask")? {
+        if !mask.is_none() {
+            return Err(PyBufferError::new_err(format!("{which} with a mask cannot be described by DLPack")));
+        }
+    }
+    if let Some(version) = dict.get_item("version")? {
+        let v: i64 = version
+            .extract()
+            .map_err(|_| PyTypeError::new_err(format!("{which}[\"version\"] must be an int")))?;
+        if !(0..=3).contains(&v) {
+            return Err(PyValueError::new_err(format!("{which} version {v} is not supported (expected up to 3)")));
+        }
+    } else {
+        return Err(PyValueError::new_err(format!("{which} has no \"version\" key")));
+    }
+    Ok((Interface { shape, dtype, data, strides_bytes }, dict))
+}
+
+fn element_strides(interface: &Interface) -> PyResult<Option<Vec<i64>>> {
+    let Some(bytes) = &interface.strides_bytes else { return Ok(None) };
+    if bytes.len() != interface.shape.len() {
+        return Err(PyValueError::new_err(format!(
+            "strides has {} entries but shape has {}",
+            bytes.len(),
+            interface.shape.len()
+        )));
+    }
+    let size = interface.dtype.itemsize().unwrap_or(1) as i64;
+    bytes
+        .iter()
+        .zip(&interface.shape)
+        .enumerate()
+        .map(|(axis, (&s, &d))| {
+            if s % size != 0 && d > 1 {
+                Err(PyBufferError::new_err(format!(
+                    "stride {s} of axis {axis} is not a multiple of the itemsize {size}"
+                )))
+            } else {
+                Ok(s / size)
+            }
+        })
+        .collect::<PyResult<Vec<_>>>()
+        .map(Some)
+}
+
+/// Imports an `__array_interface__` (version 3) exporter without copying.
+/// With `"data": None` the object's own buffer is used, as NumPy does.
+pub fn import_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<AnyManaged> {
+    let (parsed, dict) = parse_interface(interface, "__array_interface__")?;
+    let Some((address, readonly)) = parsed.data else {
+        if dict.get_item("offset")?.is_some_and(|o| !o.is_none() && o.extract::<i64>().ok() != Some(0)) {
+            return Err(PyBufferError::new_err("__array_interface__ with data=None and an offset is not supported"));
+        }
+        return import_buffer(obj);
+    };
+    import_pointer(obj, &parsed, address, readonly, Device::CPU)
+}
+
+/// Imports a `__cuda_array_interface__` (versions 0-3) exporter without
+/// touching device memory. The device id is reported as 0: the interface does
+/// not carry one. A `stream` other than None is validated (0 is not allowed)
+/// but not synchronised on, since no CUDA work is done here.
+pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<AnyManaged> {
+    let (parsed, dict) = parse_interface(interface, "__cuda_array_interface__")?;
+    if let Some(stream) = dict.get_item("stream")? {
+        if !stream.is_none() {
+            let s: i64 = stream
+                .extract()
+                .map_err(|_| PyTypeError::new_err("__cuda_array_interface__[\"stream\"] must be None or an int"))?;
+            if s == 0 {
+                return Err(PyValueError::new_err(
+                    "__cuda_array_interface__ stream 0 is ambiguous and disallowed; use 1 for the legacy default stream",
+                ));
+            }
+        }
+    }
+    let (address, readonly) =
+        parsed.data.ok_or_else(|| PyValueError::new_err("__cuda_array_interface__ needs a \"data\" pointer"))?;
+    import_pointer(obj, &parsed, address, readonly, Device::cuda(0))
+}
+
+fn import_pointer(
+    obj: &Bound<'_, PyAny>,
+    parsed: &Interface,
+    address: usize,
+    readonly: bool,
+    device: Device,
+) -> PyResult<AnyManaged> {
+    let strides = element_strides(parsed)?;
+    let layout = RawLayout { dtype: parsed.dtype, device, shape: &parsed.shape, strides: strides.as_deref(), byte_offset: 0 };
+    let flags = if readonly { DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
+    // SAFETY: the interface's exporter promises that `address` with this layout
+    // is valid for as long as the object lives; the owner keeps it alive. The
+    // layout itself (NULL data, overflow, ...) is validated by `export_raw`.
+    let managed: ManagedTensor =
+        unsafe { export_raw(PyOwner::new(obj), address as *mut c_void, layout, flags) }.py()?;
+    Ok(AnyManaged::Versioned(managed))
+}
+
+/// A `#[pyfunction]` argument that accepts any producer's tensor: DLPack
+/// objects and capsules, buffer-protocol exporters, and both array interfaces.
+///
+/// ```ignore
+/// #[pyfunction]
+/// fn total(x: PyTensor<'_>) -> PyResult<f64> {
+///     Ok(x.view().try_as_slice::<f64>()?.iter().sum())
+/// }
+/// ```
+pub struct PyTensor<'py> {
+    managed: AnyManaged,
+    source: Bound<'py, PyAny>,
+}
+
+impl<'py> PyTensor<'py> {
+    /// The validated view.
+    pub fn view(&self) -> &TensorView<'_> {
+        self.managed.view()
+    }
+
+    /// A writable view of the caller's memory; writes are seen in the caller's
+    /// own object. Refused (BufferError) for read-only or overlapping tensors.
+    pub fn view_mut(&mut self) -> PyResult<TensorViewMut<'_>> {
+        self.managed.view_mut().py()
+    }
+
+    /// The Python object the tensor came from.
+    pub fn source(&self) -> &Bound<'py, PyAny> {
+        &self.source
+    }
+
+    /// The owned tensor, for keeping beyond the call.
+    pub fn into_managed(self) -> AnyManaged {
+        self.managed
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for PyTensor<'py> {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let source = obj.to_owned();
+        let managed = import_any(&source, None)?;
+        Ok(PyTensor { managed, source })
+    }
+}

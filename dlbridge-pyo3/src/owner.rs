@@ -1,0 +1,81 @@
+//! Strong references to Python objects that a DLPack deleter may drop from any
+//! thread, with or without the GIL, even after the interpreter has finalised.
+
+use core::ptr::NonNull;
+
+use pyo3::ffi;
+use pyo3::{Bound, PyAny};
+
+/// Keeps a Python object alive for as long as a tensor exported from it lives.
+///
+/// Dropping it takes the GIL (`PyGILState_Ensure`, which is reentrant), and
+/// leaks the reference instead when the interpreter is no longer initialised,
+/// the pattern NumPy's deleter uses.
+pub struct PyOwner(NonNull<ffi::PyObject>);
+
+// SAFETY: the pointer is only dereferenced (decref'd) with the GIL held.
+unsafe impl Send for PyOwner {}
+// SAFETY: `&PyOwner` gives no access to the object.
+unsafe impl Sync for PyOwner {}
+
+impl PyOwner {
+    /// A new strong reference to `obj`.
+    pub fn new(obj: &Bound<'_, PyAny>) -> Self {
+        PyOwner(NonNull::new(obj.clone().into_ptr()).expect("a Bound is never NULL"))
+    }
+
+    /// The object, borrowed.
+    pub fn as_ptr(&self) -> *mut ffi::PyObject {
+        self.0.as_ptr()
+    }
+}
+
+impl Drop for PyOwner {
+    fn drop(&mut self) {
+        // SAFETY: `Py_IsInitialized` may be called at any time. With the GIL
+        // taken, releasing our own strong reference is sound.
+        unsafe {
+            if ffi::Py_IsInitialized() == 0 {
+                return;
+            }
+            let gil = ffi::PyGILState_Ensure();
+            ffi::Py_DECREF(self.0.as_ptr());
+            ffi::PyGILState_Release(gil);
+        }
+    }
+}
+
+/// A `Py_buffer` held open until dropped; released under the GIL like [`PyOwner`].
+pub struct BufferOwner(Box<ffi::Py_buffer>);
+
+// SAFETY: the buffer is only released with the GIL held.
+unsafe impl Send for BufferOwner {}
+// SAFETY: `&BufferOwner` gives no access to the buffer.
+unsafe impl Sync for BufferOwner {}
+
+impl BufferOwner {
+    /// Takes ownership of a filled buffer view.
+    pub(crate) fn new(view: Box<ffi::Py_buffer>) -> Self {
+        BufferOwner(view)
+    }
+
+    /// The buffer view.
+    pub fn view(&self) -> &ffi::Py_buffer {
+        &self.0
+    }
+}
+
+impl Drop for BufferOwner {
+    fn drop(&mut self) {
+        // SAFETY: as for `PyOwner`; the view was filled by PyObject_GetBuffer and
+        // is released once.
+        unsafe {
+            if ffi::Py_IsInitialized() == 0 {
+                return;
+            }
+            let gil = ffi::PyGILState_Ensure();
+            ffi::PyBuffer_Release(&mut *self.0);
+            ffi::PyGILState_Release(gil);
+        }
+    }
+}

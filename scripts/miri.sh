@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the core crate's whole test suite under Miri (nightly).
+# The C-calling tests live in tests/c-abi, a separate crate, so nothing is left out here.
+# proptest cases are reduced under Miri (it is ~1000x slower); the properties are the same.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${DLBRIDGE_CACHE:-$HOME/.cache/dlbridge}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
+
+if ! rustup toolchain list | grep -q '^nightly'; then
+    echo "miri.sh: installing the nightly toolchain" >&2
+    rustup toolchain install nightly --profile minimal || { echo "miri.sh: MIRI NOT RUN: nightly could not be installed on this machine" >&2; exit 1; }
+fi
+if ! cargo +nightly miri --version >/dev/null 2>&1; then
+    echo "miri.sh: installing miri and rust-src for nightly" >&2
+    rustup component add miri rust-src --toolchain nightly || { echo "miri.sh: MIRI NOT RUN: the miri component could not be installed on this machine" >&2; exit 1; }
+fi
+cd "$ROOT"
+export PROPTEST_CASES="${PROPTEST_CASES:-8}"
+export MIRIFLAGS="${MIRIFLAGS:--Zmiri-strict-provenance}"
+cargo +nightly miri setup >/dev/null 2>&1 || true
+exec cargo +nightly miri test -p dlbridge --all-features "$@"
