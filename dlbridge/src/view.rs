@@ -32,20 +32,35 @@ use crate::Device;
 /// Most dimensions a tensor may have; NumPy allows the same 64.
 pub const MAX_NDIM: usize = 64;
 
-/// Strides that were given by the producer, or computed because it sent NULL.
-#[derive(Clone, Debug)]
-enum Strides<'a> {
-    Borrowed(&'a [i64]),
-    Computed(Box<[i64]>),
+/// A slice that the view does not hold a reference to: a managed tensor's
+/// shape may live in the very allocation its deleter frees, and a reference
+/// held across that free would be invalid even if never used again.
+#[derive(Clone, Copy, Debug)]
+struct RawSlice {
+    ptr: *const i64,
+    len: usize,
 }
 
-impl Strides<'_> {
-    fn as_slice(&self) -> &[i64] {
-        match self {
-            Strides::Borrowed(s) => s,
-            Strides::Computed(s) => s,
-        }
+impl RawSlice {
+    const EMPTY: RawSlice = RawSlice { ptr: core::ptr::NonNull::dangling().as_ptr(), len: 0 };
+
+    fn new(slice: &[i64]) -> Self {
+        RawSlice { ptr: slice.as_ptr(), len: slice.len() }
     }
+
+    /// # Safety
+    /// The memory must still be valid, as it is for the view's lifetime.
+    unsafe fn get(&self) -> &[i64] {
+        // SAFETY: made from a valid slice that lives as long as the view.
+        unsafe { core::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Strides that were given by the producer, or computed because it sent NULL.
+#[derive(Clone, Debug)]
+enum Strides {
+    Given(RawSlice),
+    Computed(Box<[i64]>),
 }
 
 /// A validated, read-only view of a tensor whose memory outlives `'a`.
@@ -53,8 +68,8 @@ impl Strides<'_> {
 pub struct TensorView<'a> {
     /// Address of element 0 (`data + byte_offset`); NULL-based when there are no elements.
     ptr: *const u8,
-    shape: &'a [i64],
-    strides: Strides<'a>,
+    shape: RawSlice,
+    strides: Strides,
     dtype: DataType,
     device: Device,
     numel: usize,
@@ -152,12 +167,12 @@ impl<'a> TensorView<'a> {
             unsafe { core::slice::from_raw_parts(tensor.shape, ndim) }
         };
         let strides = if ndim == 0 {
-            Strides::Borrowed(&[])
+            Strides::Given(RawSlice::EMPTY)
         } else if tensor.strides.is_null() {
             Strides::Computed(Box::default())
         } else {
             // SAFETY: as for `shape`.
-            Strides::Borrowed(unsafe { core::slice::from_raw_parts(tensor.strides, ndim) })
+            Strides::Given(RawSlice::new(unsafe { core::slice::from_raw_parts(tensor.strides, ndim) }))
         };
         // SAFETY: forwarded from the caller.
         unsafe { Self::from_parts(tensor.data, tensor.byte_offset, shape, strides, tensor.dtype, tensor.device, padded) }
@@ -169,7 +184,7 @@ impl<'a> TensorView<'a> {
         data: *mut c_void,
         byte_offset: u64,
         shape: &'a [i64],
-        strides: Strides<'a>,
+        strides: Strides,
         dtype: DataType,
         device: Device,
         padded: bool,
@@ -186,15 +201,16 @@ impl<'a> TensorView<'a> {
             }
             other => other,
         };
-        let overflow = || Error::ExtentOverflow {
-            shape: shape.to_vec(),
-            strides: strides.as_slice().to_vec(),
-            byte_offset,
+        let strides_slice: &[i64] = match &strides {
+            // SAFETY: checked readable by the caller for 'a.
+            Strides::Given(raw) => unsafe { raw.get() },
+            Strides::Computed(s) => s,
         };
+        let overflow = || Error::ExtentOverflow { shape: shape.to_vec(), strides: strides_slice.to_vec(), byte_offset };
         let (lo, hi) = if numel == 0 {
             (0, 0)
         } else {
-            let (lo_elem, hi_elem) = element_extent(shape, strides.as_slice()).ok_or_else(overflow)?;
+            let (lo_elem, hi_elem) = element_extent(shape, strides_slice).ok_or_else(overflow)?;
             byte_extent(lo_elem, hi_elem, dtype, padded).ok_or_else(overflow)?
         };
         if numel > 0 && data.is_null() {
@@ -210,7 +226,7 @@ impl<'a> TensorView<'a> {
         }
         Ok(TensorView {
             ptr: (data as *const u8).wrapping_add(byte_offset as usize),
-            shape,
+            shape: RawSlice::new(shape),
             strides,
             dtype,
             device,
@@ -224,22 +240,27 @@ impl<'a> TensorView<'a> {
 
     /// Extent of each axis.
     pub fn shape(&self) -> &[i64] {
-        self.shape
+        // SAFETY: validated readable and unchanging for 'a, which outlives &self.
+        unsafe { self.shape.get() }
     }
 
     /// Stride of each axis in elements; computed row-major when the producer sent NULL.
     pub fn strides(&self) -> &[i64] {
-        self.strides.as_slice()
+        match &self.strides {
+            // SAFETY: as for `shape`.
+            Strides::Given(raw) => unsafe { raw.get() },
+            Strides::Computed(s) => s,
+        }
     }
 
     /// Whether the producer sent NULL strides, which were then computed.
     pub fn strides_were_null(&self) -> bool {
-        matches!(self.strides, Strides::Computed(_)) && !self.shape.is_empty()
+        matches!(self.strides, Strides::Computed(_)) && self.shape.len > 0
     }
 
     /// Number of dimensions.
     pub fn ndim(&self) -> usize {
-        self.shape.len()
+        self.shape.len
     }
 
     /// Number of elements.
@@ -289,12 +310,12 @@ impl<'a> TensorView<'a> {
 
     /// Whether the elements are laid out row-major with no gaps.
     pub fn is_c_contiguous(&self) -> bool {
-        contiguous(self.shape.iter().zip(self.strides()).rev(), self.numel)
+        contiguous(self.shape().iter().zip(self.strides()).rev(), self.numel)
     }
 
     /// Whether the elements are laid out column-major with no gaps.
     pub fn is_f_contiguous(&self) -> bool {
-        contiguous(self.shape.iter().zip(self.strides()), self.numel)
+        contiguous(self.shape().iter().zip(self.strides()), self.numel)
     }
 
     /// Whether no two indices share an element (no zero strides over extents > 1,
@@ -304,7 +325,7 @@ impl<'a> TensorView<'a> {
             return true;
         }
         let mut axes: Vec<(u128, u128)> = self
-            .shape
+            .shape()
             .iter()
             .zip(self.strides())
             .filter(|(&d, _)| d > 1)
