@@ -212,7 +212,14 @@ pub fn from_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<A
     if is_capsule(obj) {
         return finish(consume_capsule(obj)?, options);
     }
-    let capsule = request_capsule(obj, options)?;
+    let capsule = match request_capsule(obj, options) {
+        // A producer that cannot copy (tvm-ffi says "copy not yet supported")
+        // still gets the caller a copy: import it as it is, then copy here.
+        Err(err) if options.copy == Some(true) && err.is_instance_of::<PyBufferError>(obj.py()) => {
+            request_capsule(obj, ImportOptions { copy: None, ..options }).map_err(|_| err)?
+        }
+        other => other?,
+    };
     finish(consume_capsule(&capsule)?, options)
 }
 
@@ -261,10 +268,10 @@ pub fn import_buffer(obj: &Bound<'_, PyAny>) -> PyResult<AnyManaged> {
     }
     let owner = BufferOwner::new(view);
     let view = owner.view();
-    // SAFETY: a filled view's `format` is NULL (meaning "B") or a C string.
     let format = if view.format.is_null() {
         "B".to_owned()
     } else {
+        // SAFETY: a filled view's non-NULL `format` is a C string that lives as long as the view.
         unsafe { core::ffi::CStr::from_ptr(view.format) }.to_string_lossy().into_owned()
     };
     let dtype = DataType::from_buffer_format(&format).ok_or_else(|| {
@@ -281,9 +288,11 @@ pub fn import_buffer(obj: &Bound<'_, PyAny>) -> PyResult<AnyManaged> {
     let (shape, strides): (Vec<i64>, Vec<i64>) = if view.shape.is_null() {
         (vec![view.len as i64 / itemsize.max(1)], vec![1])
     } else {
-        // SAFETY: with PyBUF_RECORDS the exporter fills `ndim` shape and stride entries.
-        let shape = unsafe { core::slice::from_raw_parts(view.shape, ndim) };
-        let byte_strides = unsafe { core::slice::from_raw_parts(view.strides, ndim) };
+        // SAFETY: with PyBUF_RECORDS the exporter fills `ndim` shape and stride
+        // entries, which live as long as the view.
+        let (shape, byte_strides) = unsafe {
+            (core::slice::from_raw_parts(view.shape, ndim), core::slice::from_raw_parts(view.strides, ndim))
+        };
         let mut strides = Vec::with_capacity(ndim);
         for (axis, (&s, &d)) in byte_strides.iter().zip(shape).enumerate() {
             if s as i64 % itemsize != 0 && d > 1 {
@@ -485,10 +494,13 @@ fn import_pointer(
 /// A `#[pyfunction]` argument that accepts any producer's tensor: DLPack
 /// objects and capsules, buffer-protocol exporters, and both array interfaces.
 ///
-/// ```ignore
+/// ```no_run
+/// use dlbridge_pyo3::{to_py_err, PyTensor};
+/// use pyo3::prelude::*;
+///
 /// #[pyfunction]
 /// fn total(x: PyTensor<'_>) -> PyResult<f64> {
-///     Ok(x.view().try_as_slice::<f64>()?.iter().sum())
+///     Ok(x.view().try_as_slice::<f64>().map_err(to_py_err)?.iter().sum())
 /// }
 /// ```
 pub struct PyTensor<'py> {

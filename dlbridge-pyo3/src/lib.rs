@@ -11,7 +11,7 @@
 //! - [`register`]: adds `Tensor`, `DType`, `from_dlpack`, `asarray`, `empty`
 //!   and `zeros` to a module; the `dlbridge` Python package is just that.
 //!
-//! ```ignore
+//! ```no_run
 //! use dlbridge_pyo3::{PyTensor, Tensor};
 //! use pyo3::prelude::*;
 //!

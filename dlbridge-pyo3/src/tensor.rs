@@ -203,7 +203,8 @@ fn device_tuple(py: Python<'_>, device: Device) -> PyResult<Bound<'_, PyTuple>> 
 /// `ptr` must point at a readable element of `dtype`.
 unsafe fn read_scalar<'py>(py: Python<'py>, ptr: *const u8, dtype: DataType) -> PyResult<Bound<'py, PyAny>> {
     use DataTypeCode as C;
-    // SAFETY (all reads): forwarded from the caller; unaligned reads are explicit.
+    // SAFETY: forwarded from the caller; every read is unaligned and of the
+    // dtype's own size, checked by the match.
     unsafe {
         macro_rules! read {
             ($t:ty) => {

@@ -4,6 +4,7 @@
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLPackVersion, DLTensor};
 use dlbridge::{DataType, DataTypeCode, Device, DeviceType, Error, LegacyManagedTensor, ManagedTensor, TensorView};
@@ -15,13 +16,13 @@ struct Producer {
     managed: DLManagedTensorVersioned,
     shape: Vec<i64>,
     strides: Option<Vec<i64>>,
-    deleted: AtomicUsize,
+    deleted: Arc<AtomicUsize>,
 }
 
 unsafe extern "C" fn count_delete(m: *mut DLManagedTensorVersioned) {
-    // SAFETY: manager_ctx points at the Producer, which the test keeps alive.
-    let producer = unsafe { &*((*m).manager_ctx as *const Producer) };
-    producer.deleted.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: manager_ctx points at the Producer's counter, which the test keeps alive.
+    let deleted = unsafe { &*((*m).manager_ctx as *const AtomicUsize) };
+    deleted.fetch_add(1, Ordering::SeqCst);
 }
 
 impl Producer {
@@ -44,9 +45,9 @@ impl Producer {
             },
             shape: shape.to_vec(),
             strides: strides.map(<[i64]>::to_vec),
-            deleted: AtomicUsize::new(0),
+            deleted: Arc::new(AtomicUsize::new(0)),
         });
-        p.managed.manager_ctx = (&*p as *const Producer).cast_mut().cast();
+        p.managed.manager_ctx = Arc::as_ptr(&p.deleted).cast_mut().cast();
         p.managed.dl_tensor.shape = p.shape.as_mut_ptr();
         if let Some(s) = p.strides.as_mut() {
             p.managed.dl_tensor.strides = s.as_mut_ptr();
