@@ -10,6 +10,7 @@ use core::ffi::c_void;
 
 use dlbridge::export::{export_raw, RawLayout};
 use dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
+use dlbridge::ffi::DLTensor;
 use dlbridge::{to_contiguous, DataType, DataTypeCode, Device, DeviceType, ManagedTensor, TensorView, TensorViewMut};
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -19,6 +20,7 @@ use pyo3::{ffi, intern, Borrowed};
 
 use crate::capsule::{consume_capsule, is_capsule, AnyManaged};
 use crate::errors::IntoPyResult;
+use crate::exchange;
 use crate::owner::{BufferOwner, PyOwner};
 use crate::tensor::Tensor;
 
@@ -211,6 +213,11 @@ pub fn from_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<A
     }
     if is_capsule(obj) {
         return finish(consume_capsule(obj)?, options);
+    }
+    if let Some(api) = exchange::lookup(obj) {
+        if let Some(managed) = exchange::import_owned(obj, api)? {
+            return finish(AnyManaged::Versioned(managed), options);
+        }
     }
     let capsule = match request_capsule(obj, options) {
         // A producer that cannot copy (tvm-ffi says "copy not yet supported")
@@ -494,6 +501,11 @@ fn import_pointer(
 /// A `#[pyfunction]` argument that accepts any producer's tensor: DLPack
 /// objects and capsules, buffer-protocol exporters, and both array interfaces.
 ///
+/// For types with the DLPack C exchange API (torch, dlbridge), the tensor is
+/// borrowed through the non-owning `dltensor_from_py_object_no_sync`: no
+/// allocation, no capsule. Such a borrow is valid while the call runs and the
+/// source object is not resized; the producer cannot flag it read-only.
+///
 /// ```no_run
 /// use dlbridge_pyo3::{to_py_err, PyTensor};
 /// use pyo3::prelude::*;
@@ -504,20 +516,35 @@ fn import_pointer(
 /// }
 /// ```
 pub struct PyTensor<'py> {
-    managed: AnyManaged,
+    inner: Held,
     source: Bound<'py, PyAny>,
+}
+
+enum Held {
+    Owned(AnyManaged),
+    /// A non-owning fill and its validated view; both point into the source's memory.
+    Borrowed(DLTensor, TensorView<'static>),
 }
 
 impl<'py> PyTensor<'py> {
     /// The validated view.
     pub fn view(&self) -> &TensorView<'_> {
-        self.managed.view()
+        match &self.inner {
+            Held::Owned(managed) => managed.view(),
+            Held::Borrowed(_, view) => view,
+        }
     }
 
     /// A writable view of the caller's memory; writes are seen in the caller's
     /// own object. Refused (BufferError) for read-only or overlapping tensors.
     pub fn view_mut(&mut self) -> PyResult<TensorViewMut<'_>> {
-        self.managed.view_mut().py()
+        match &mut self.inner {
+            Held::Owned(managed) => managed.view_mut().py(),
+            // SAFETY: the fill describes the source's memory, which the source (held
+            // by `self`) keeps alive; producers hand out writable data unless they
+            // say otherwise, and this one has no way to say so.
+            Held::Borrowed(dl, _) => unsafe { TensorViewMut::from_dltensor(dl, false) }.py(),
+        }
     }
 
     /// The Python object the tensor came from.
@@ -525,9 +552,23 @@ impl<'py> PyTensor<'py> {
         &self.source
     }
 
-    /// The owned tensor, for keeping beyond the call.
-    pub fn into_managed(self) -> AnyManaged {
-        self.managed
+    /// The producer's current work stream for this tensor's device (NULL when it
+    /// has none, or has no exchange API): launch kernels on it to stay ordered
+    /// with the producer's work.
+    pub fn work_stream(&self) -> *mut c_void {
+        match exchange::lookup(&self.source) {
+            Some(api) => exchange::work_stream(api, self.view().device()),
+            None => core::ptr::null_mut(),
+        }
+    }
+
+    /// An owned tensor, for keeping beyond the call (a borrowed one is imported
+    /// through DLPack first).
+    pub fn into_managed(self) -> PyResult<AnyManaged> {
+        match self.inner {
+            Held::Owned(managed) => Ok(managed),
+            Held::Borrowed(..) => from_dlpack(&self.source, ImportOptions::default()),
+        }
     }
 }
 
@@ -536,7 +577,15 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyTensor<'py> {
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         let source = obj.to_owned();
+        if let Some(api) = exchange::lookup(&source) {
+            if let Some(dl) = exchange::fill_borrowed(&source, api)? {
+                // SAFETY: the fill points into the source's memory, which `source`
+                // keeps alive for as long as this PyTensor; the view never outlives it.
+                let view = unsafe { TensorView::from_dltensor(&dl, false) }.py()?;
+                return Ok(PyTensor { inner: Held::Borrowed(dl, view), source });
+            }
+        }
         let managed = import_any(&source, None)?;
-        Ok(PyTensor { managed, source })
+        Ok(PyTensor { inner: Held::Owned(managed), source })
     }
 }

@@ -10,13 +10,23 @@ use pyo3::PyErr;
 /// request of the wrong element type.
 pub fn to_py_err(err: Error) -> PyErr {
     let message = err.to_string();
+    match exception_name(&err).to_bytes() {
+        b"ValueError" => PyValueError::new_err(message),
+        b"TypeError" => PyTypeError::new_err(message),
+        _ => PyBufferError::new_err(message),
+    }
+}
+
+/// The name of the exception for a core error, for C callers such as the
+/// exchange API's `SetError`.
+pub fn exception_name(err: &Error) -> &'static core::ffi::CStr {
     match err {
         Error::UnknownDtypeName { .. }
         | Error::StridesLength { .. }
         | Error::OutOfBounds { .. }
-        | Error::RankMismatch { .. } => PyValueError::new_err(message),
-        Error::DtypeMismatch { .. } => PyTypeError::new_err(message),
-        _ => PyBufferError::new_err(message),
+        | Error::RankMismatch { .. } => c"ValueError",
+        Error::DtypeMismatch { .. } => c"TypeError",
+        _ => c"BufferError",
     }
 }
 

@@ -38,6 +38,7 @@
 pub mod capsule;
 pub mod consumer;
 mod errors;
+pub mod exchange;
 pub mod owner;
 mod tensor;
 
@@ -105,6 +106,19 @@ fn zeros(shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult
     Ok(Tensor::new(managed))
 }
 
+/// How often each function of dlbridge's exchange-API table ran: a dict with
+/// keys allocator, from_py_object, to_py_object, dltensor_from_py_object and
+/// current_work_stream. For tests that must prove a consumer took the fast path.
+#[pyfunction]
+fn _exchange_api_calls(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let names = ["allocator", "from_py_object", "to_py_object", "dltensor_from_py_object", "current_work_stream"];
+    let dict = pyo3::types::PyDict::new(py);
+    for (name, calls) in names.iter().zip(&exchange::CALLS) {
+        dict.set_item(name, calls.load(std::sync::atomic::Ordering::Relaxed))?;
+    }
+    Ok(dict)
+}
+
 /// Adds the classes and functions of the `dlbridge` Python package to `module`.
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Tensor>()?;
@@ -113,6 +127,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(asarray, module)?)?;
     module.add_function(wrap_pyfunction!(empty, module)?)?;
     module.add_function(wrap_pyfunction!(zeros, module)?)?;
+    module.add_function(wrap_pyfunction!(_exchange_api_calls, module)?)?;
     let v = dlbridge::ffi::DLPackVersion::CURRENT;
     module.add("DLPACK_VERSION", (v.major, v.minor))?;
     Ok(())

@@ -156,6 +156,13 @@ impl Tensor {
         Ok(ExportRequest { legacy, device, copy })
     }
 
+    /// An owning versioned export sharing this tensor's memory, as
+    /// `__dlpack__(max_version=(1, 3))` gives; for the exchange API.
+    pub(crate) fn export_versioned(slf: &Bound<'_, Self>) -> PyResult<ManagedTensor> {
+        let request = ExportRequest { legacy: false, device: slf.get().view().device(), copy: None };
+        Self::export::<DLManagedTensorVersioned>(slf, &request)
+    }
+
     /// A managed tensor of ABI `M` sharing this tensor's memory, or a fresh copy.
     fn export<M: ManagedAbi>(slf: &Bound<'_, Self>, request: &ExportRequest) -> PyResult<Managed<M>> {
         let this = slf.get();
@@ -337,6 +344,13 @@ impl Tensor {
         } else {
             into_capsule(py, Self::export::<DLManagedTensorVersioned>(slf, &request)?)
         }
+    }
+
+    /// The DLPack 1.3 C exchange API: a `"dlpack_exchange_api"` capsule holding
+    /// a static table shared by every tensor.
+    #[classattr]
+    fn __dlpack_c_exchange_api__(py: Python<'_>) -> PyResult<Py<PyAny>> {
+        crate::exchange::exchange_api_capsule(py)
     }
 
     /// `(device_type, device_id)` of the memory.

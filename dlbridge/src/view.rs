@@ -151,8 +151,9 @@ impl<'a> TensorView<'a> {
     /// - when the tensor has elements and its device is CPU-accessible, every byte
     ///   the layout reaches must be readable for `'a`, as DLPack promises.
     ///
+    /// The `DLTensor` struct itself may go away sooner: the view copies its fields.
     /// Everything else (ndim, extents, dtype, NULL pointers, overflow) is checked.
-    pub unsafe fn from_dltensor(tensor: &'a DLTensor, padded: bool) -> Result<Self, Error> {
+    pub unsafe fn from_dltensor(tensor: &DLTensor, padded: bool) -> Result<Self, Error> {
         let ndim = usize::try_from(tensor.ndim)
             .ok()
             .filter(|&n| n <= MAX_NDIM)
@@ -427,8 +428,8 @@ impl<'a> TensorViewMut<'a> {
     /// # Safety
     /// As [`TensorView::from_dltensor`], and the bytes reached must also be
     /// writable, and not accessed through any other path, for `'a`.
-    pub unsafe fn from_dltensor(tensor: &'a mut DLTensor, padded: bool) -> Result<Self, Error> {
-        let tensor: &'a DLTensor = tensor;
+    pub unsafe fn from_dltensor(tensor: &mut DLTensor, padded: bool) -> Result<Self, Error> {
+        let tensor: &DLTensor = tensor;
         // SAFETY: forwarded from the caller.
         let view = unsafe { TensorView::from_dltensor(tensor, padded)? };
         Self::from_view(view)

@@ -112,9 +112,14 @@ def test_torch_capsule_versions():
     assert dlbridge.from_dlpack(cap).data_ptr == x.data_ptr()
 
 
-def test_requires_grad_is_refused_by_torch_with_buffer_error():
+def test_requires_grad_tensor():
+    """torch's Python __dlpack__ refuses tensors that require grad (BufferError), but its C exchange
+    API, which dlbridge uses, exports them; the data arrive zero-copy either way dlbridge gets them."""
+    x = torch.ones(2, requires_grad=True)
     with pytest.raises(BufferError):
-        dlbridge.from_dlpack(torch.ones(2, requires_grad=True))
+        x.__dlpack__()
+    t = dlbridge.from_dlpack(x)
+    assert t.data_ptr == x.data_ptr() and t.tolist() == [1.0, 1.0]
 
 
 def test_negative_strides_into_torch_do_not_crash_the_process():
