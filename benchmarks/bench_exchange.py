@@ -1,0 +1,106 @@
+"""Per-call cost of DLPack exchanges: dlbridge and its peers, side by side, in one process.
+
+    ./dev bench            # or: python benchmarks/bench_exchange.py [--json FILE] [--quick]
+
+Each row times one operation for dlbridge and for each peer doing the same thing, reports the best
+of several repeats in ns per call, and the ratio of dlbridge's time to the best peer's. Absolute
+times on a shared machine are noise; the ratios within one run are what matter.
+"""
+
+import argparse
+import json
+import sys
+import timeit
+
+import numpy as np
+
+import dlbridge
+
+ROWS = []
+
+
+def best_ns(stmt, number, repeat):
+    timer = timeit.Timer(stmt)
+    return min(timer.repeat(repeat=repeat, number=number)) / number * 1e9
+
+
+def row(name, ours, peers, number, repeat, target=None):
+    ours_ns = best_ns(ours, number, repeat)
+    peer_ns = {label: best_ns(fn, number, repeat) for label, fn in peers.items()}
+    best_label = min(peer_ns, key=peer_ns.get) if peer_ns else None
+    ratio = ours_ns / peer_ns[best_label] if peer_ns else None
+    ROWS.append({"operation": name, "dlbridge_ns": round(ours_ns, 1),
+                 "peers_ns": {k: round(v, 1) for k, v in peer_ns.items()},
+                 "best_peer": best_label, "ratio": None if ratio is None else round(ratio, 3), "target": target})
+    peers_text = ", ".join(f"{k} {v:,.0f}" for k, v in peer_ns.items())
+    ratio_text = "" if ratio is None else f"{ratio:5.2f}x {best_label}"
+    target_text = f"  (target {target})" if target else ""
+    print(f"{name:<44} {ours_ns:>12,.0f} ns   {ratio_text:<28} [{peers_text}]{target_text}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    args = parser.parse_args()
+    number, repeat = (2_000, 3) if args.quick else (20_000, 7)
+
+    import torch
+    import tvm_ffi
+
+    a = np.ones((4, 4), dtype=np.float32)
+    x = torch.ones((4, 4), dtype=torch.float32)
+    ours = dlbridge.from_dlpack(a)
+    print(f"dlbridge {dlbridge.__version__}, numpy {np.__version__}, torch {torch.__version__}, "
+          f"tvm_ffi {tvm_ffi.__version__}; best of {repeat} x {number}\n")
+    print(f"{'operation':<44} {'dlbridge':>15}   {'ratio to best peer':<28} [peers, ns]")
+
+    row("from_dlpack(numpy (4,4))", lambda: dlbridge.from_dlpack(a),
+        {"tvm_ffi.from_dlpack": lambda: tvm_ffi.from_dlpack(a), "np.from_dlpack": lambda: np.from_dlpack(a)},
+        number, repeat, "<= 0.8")
+    row("from_dlpack(torch (4,4))", lambda: dlbridge.from_dlpack(x),
+        {"tvm_ffi.from_dlpack": lambda: tvm_ffi.from_dlpack(x), "np.from_dlpack": lambda: np.from_dlpack(x)},
+        number, repeat, "<= 0.6 x tvm_ffi")
+    row("np.from_dlpack(ours) vs (numpy)", lambda: np.from_dlpack(ours),
+        {"np.from_dlpack(numpy)": lambda: np.from_dlpack(a)}, number, repeat, "<= 1.0")
+    row("torch.from_dlpack(ours) vs (numpy)", lambda: torch.from_dlpack(ours),
+        {"torch.from_dlpack(numpy)": lambda: torch.from_dlpack(a)}, number // 4, repeat, "<= 1.0")
+    row("ours.__dlpack__(max_version=(1,0))", lambda: ours.__dlpack__(max_version=(1, 0)),
+        {"numpy": lambda: a.__dlpack__(max_version=(1, 0))}, number, repeat, "<= 1.0")
+    row("ours.__dlpack__() legacy", lambda: ours.__dlpack__(), {"numpy": lambda: a.__dlpack__()}, number, repeat)
+    row("memoryview(ours)", lambda: memoryview(ours), {"numpy": lambda: memoryview(a)}, number, repeat)
+
+    big = np.ones((4096, 4096), dtype=np.float32)  # 64 MiB
+    strided = np.ones((4096, 8192), dtype=np.float32)[:, ::2]
+    big_t, strided_t = dlbridge.from_dlpack(big), dlbridge.from_dlpack(strided)
+    out = np.empty_like(big)
+    n, r = (3, 3) if args.quick else (5, 5)
+    row("copy 64 MiB contiguous", lambda: big_t.copy(),
+        {"np.ascontiguousarray(copy)": lambda: np.array(big, copy=True), "memcpy (np.copyto)": lambda: np.copyto(out, big)},
+        n, r, ">= 0.8 x memcpy (ratio <= 1.25)")
+    row("copy 64 MiB strided [:, ::2]", lambda: strided_t.copy(),
+        {"np.ascontiguousarray": lambda: np.ascontiguousarray(strided)}, n, r)
+    transposed_t = dlbridge.from_dlpack(big.T)
+    row("copy 64 MiB transposed", lambda: transposed_t.copy(),
+        {"np.ascontiguousarray": lambda: np.ascontiguousarray(big.T)}, n, r)
+
+    print("\nsize independence of the zero-copy paths (ns per call; ratio = largest / smallest):")
+    for label, make in [("from_dlpack(numpy)", lambda arr: (lambda: dlbridge.from_dlpack(arr))),
+                        ("np.from_dlpack(ours)", lambda arr: (lambda t=dlbridge.from_dlpack(arr): np.from_dlpack(t)))]:
+        times = {}
+        for nbytes in (16, 1 << 10, 1 << 20, 1 << 26, 1 << 30):
+            arr = np.ones(nbytes // 4, dtype=np.float32)
+            times[nbytes] = best_ns(make(arr), number // 4, repeat)
+            del arr
+        ratio = max(times.values()) / min(times.values())
+        ROWS.append({"operation": f"size independence {label}", "ns_by_bytes": {str(k): round(v, 1) for k, v in times.items()},
+                     "ratio": round(ratio, 3), "target": "<= 1.05"})
+        print(f"  {label:<24} " + "  ".join(f"{k:>10}B {v:6.0f}" for k, v in times.items()) + f"   ratio {ratio:.3f}")
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": ROWS, "python": sys.version}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
