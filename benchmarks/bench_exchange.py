@@ -7,6 +7,12 @@ of several repeats in ns per call, and the ratio of dlbridge's time to the best 
 times on a shared machine are noise; the ratios within one run are what matter.
 """
 
+import os
+
+# NumPy's BLAS threads spin between calls and steal a core from the code being timed.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import argparse
 import json
 import sys

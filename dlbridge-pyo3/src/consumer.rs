@@ -8,7 +8,7 @@
 
 use core::ffi::c_void;
 
-use dlbridge::export::{export_raw, RawLayout};
+use dlbridge::export::{export_raw, export_view, RawLayout};
 use dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
 use dlbridge::ffi::DLTensor;
 use dlbridge::{to_contiguous, DataType, DataTypeCode, Device, DeviceType, ManagedTensor, TensorView, TensorViewMut};
@@ -100,12 +100,10 @@ fn call_dlpack_versioned<'py>(obj: &Bound<'py, PyAny>, options: ImportOptions) -
     let py = obj.py();
     let device_arg = options.device.map(|d| PyTuple::new(py, [d.device_type.0, d.device_id])).transpose()?;
     let copy_arg = options.copy.map(|c| pyo3::types::PyBool::new(py, c).to_owned().into_any());
-    let mut args: Vec<*mut ffi::PyObject> = vec![obj.as_ptr(), max_version_arg(py).as_ptr()];
-    if let Some(d) = &device_arg {
-        args.push(d.as_ptr());
-    }
-    if let Some(c) = &copy_arg {
-        args.push(c.as_ptr());
+    let mut args: [*mut ffi::PyObject; 4] = [obj.as_ptr(), max_version_arg(py).as_ptr(), core::ptr::null_mut(), core::ptr::null_mut()];
+    let keywords = [device_arg.as_ref().map(|d| d.as_any()), copy_arg.as_ref()];
+    for (slot, value) in args[2..].iter_mut().zip(keywords.into_iter().flatten()) {
+        *slot = value.as_ptr();
     }
     let names = kwnames(py, device_arg.is_some(), copy_arg.is_some());
     // SAFETY: `args` holds self followed by one value per keyword name, all
@@ -187,17 +185,9 @@ fn share_tensor(tensor: &Bound<'_, Tensor>) -> PyResult<AnyManaged> {
     let inner = tensor.get();
     let view = inner.view();
     let flags = if inner.readonly() { DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
-    let layout = RawLayout {
-        dtype: view.dtype(),
-        device: view.device(),
-        shape: view.shape(),
-        strides: Some(view.strides()),
-        byte_offset: 0,
-    };
     // SAFETY: the memory is the tensor's own, valid for its validated layout for
     // as long as the tensor object lives, which the owner guarantees.
-    let shared: ManagedTensor =
-        unsafe { export_raw(PyOwner::new(tensor.as_any()), view.as_ptr().cast_mut(), layout, flags) }.py()?;
+    let shared: ManagedTensor = unsafe { export_view(PyOwner::new(tensor.as_any()), view, view.device(), flags) };
     Ok(AnyManaged::Versioned(shared))
 }
 

@@ -8,7 +8,7 @@
 
 use core::ffi::{c_int, c_void};
 
-use dlbridge::export::{export_raw, RawLayout};
+use dlbridge::export::export_view;
 use dlbridge::ffi::{
     DLManagedTensor, DLManagedTensorVersioned, DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED, DLPACK_FLAG_BITMASK_READ_ONLY,
 };
@@ -174,17 +174,11 @@ impl Tensor {
         if view.is_subbyte_padded() {
             flags |= DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
         }
-        let layout = RawLayout {
-            dtype: view.dtype(),
-            device: request.device,
-            shape: view.shape(),
-            strides: Some(view.strides()),
-            byte_offset: 0,
-        };
         // SAFETY: the memory is this tensor's, valid for its validated layout for
         // as long as the tensor object lives, which the owner guarantees. It is
         // written only if the tensor is writable (READ_ONLY is set otherwise).
-        unsafe { export_raw(PyOwner::new(slf.as_any()), view.as_ptr().cast_mut(), layout, flags) }.py()
+        // `request.device` reaches the same memory (checked by `parse_request`).
+        Ok(unsafe { export_view(PyOwner::new(slf.as_any()), view, request.device, flags) })
     }
 
     fn cpu_view(&self) -> PyResult<&TensorView<'_>> {

@@ -30,9 +30,10 @@ unsafe impl Send for AlignedBuffer {}
 // SAFETY: shared access only reads.
 unsafe impl Sync for AlignedBuffer {}
 
-/// Buffers from this size up are aligned to 2 MiB and advised to use huge pages,
+/// Buffers from this size up (glibc mmaps them afresh each time) are aligned to
+/// 2 MiB and advised to use huge pages,
 /// as NumPy does: a fresh 64 MiB buffer otherwise costs 16k page faults.
-const HUGE_PAGE_THRESHOLD: usize = 4 << 20;
+const HUGE_PAGE_THRESHOLD: usize = 32 << 20;
 const HUGE_PAGE: usize = 2 << 20;
 
 impl AlignedBuffer {

@@ -15,7 +15,7 @@ use crate::dtype::{DataType, Element};
 use crate::error::Error;
 use crate::ffi::{DLTensor, DLPACK_FLAG_BITMASK_READ_ONLY};
 use crate::managed::{Managed, ManagedAbi};
-use crate::view::{element_count, element_extent, row_major_strides, MAX_NDIM};
+use crate::view::{element_count, element_extent, TensorView, MAX_NDIM};
 use crate::Device;
 
 /// Where a raw export's elements are: the parts of a `DLTensor` other than the pointers.
@@ -66,6 +66,7 @@ unsafe extern "C" fn delete_block<M: ManagedAbi, O>(managed: *mut M) {
 ///
 /// `data` is the address the tensor's `data` field will hold; element 0 is at
 /// `data + byte_offset`. When `strides` is `None` they are filled in row-major.
+/// The result is validated like any foreign tensor.
 ///
 /// # Safety
 /// Every byte that the layout reaches from `data` must stay valid (readable,
@@ -87,6 +88,53 @@ pub unsafe fn export_raw<M: ManagedAbi, O: Send + 'static>(
         }
     }
     let numel = element_count(layout.shape)?;
+    let block: NonNull<M> = write_block(owner, data, layout, numel, flags);
+    // SAFETY: the block is a complete managed tensor we own; shape and strides
+    // live in it, and the caller vouches for the data. On error `from_raw` calls
+    // the deleter, which drops the owner and frees the block.
+    unsafe { Managed::from_raw(block.as_ptr()) }
+}
+
+/// Exports the memory of an already validated view, with the same layout (on
+/// `device`, which must reach the same memory), without validating it again:
+/// the fast path of a producer re-exporting what it holds.
+///
+/// # Safety
+/// The memory the view describes must stay valid, as for [`export_raw`], until
+/// `owner` is dropped.
+pub unsafe fn export_view<M: ManagedAbi, O: Send + 'static>(
+    owner: O,
+    view: &TensorView<'_>,
+    device: Device,
+    flags: u64,
+) -> Managed<M> {
+    let layout = RawLayout {
+        dtype: view.dtype(),
+        device,
+        shape: view.shape(),
+        strides: Some(view.strides()),
+        byte_offset: 0,
+    };
+    let block: NonNull<M> = write_block(owner, view.as_ptr().cast_mut(), layout, view.len(), flags);
+    // SAFETY: the block was just written; its shape and strides arrays hold the
+    // view's values, so the view's validation carries over to them.
+    unsafe {
+        let dl = block.as_ref().dl_tensor();
+        let rebased = view.rebased(dl.shape, dl.strides, device);
+        Managed::from_validated(block, rebased)
+    }
+}
+
+/// Allocates and fills the one block of an export. `layout` must have at most
+/// `MAX_NDIM` axes and matching strides, and `numel` elements.
+fn write_block<M: ManagedAbi, O: Send + 'static>(
+    owner: O,
+    data: *mut c_void,
+    layout: RawLayout<'_>,
+    numel: usize,
+    flags: u64,
+) -> NonNull<M> {
+    let ndim = layout.shape.len();
     let (block_layout, dims_offset) = block_layout::<M, O>(ndim);
     // SAFETY: the layout is non-zero sized (it holds the managed struct).
     let raw = unsafe { std::alloc::alloc(block_layout) };
@@ -103,8 +151,13 @@ pub unsafe fn export_raw<M: ManagedAbi, O: Send + 'static>(
             match layout.strides {
                 Some(s) => core::ptr::copy_nonoverlapping(s.as_ptr(), strides, ndim),
                 None => {
-                    let computed = row_major_strides(layout.shape).unwrap_or_else(|| vec![0; ndim]);
-                    core::ptr::copy_nonoverlapping(computed.as_ptr(), strides, ndim);
+                    // Cannot overflow when the element count fits; empty
+                    // tensors may saturate, and their strides are never used.
+                    let mut acc: i64 = 1;
+                    for axis in (0..ndim).rev() {
+                        strides.add(axis).write(acc);
+                        acc = acc.saturating_mul(layout.shape[axis].max(1));
+                    }
                 }
             }
             (dims, strides)
@@ -127,10 +180,7 @@ pub unsafe fn export_raw<M: ManagedAbi, O: Send + 'static>(
         core::ptr::addr_of_mut!((*block).owner).write(owner);
         core::ptr::addr_of_mut!((*block).ndim).write(ndim);
     }
-    // SAFETY: the block is a complete managed tensor we own; shape and strides
-    // live in it, and the caller vouches for the data. On error `from_raw` calls
-    // the deleter, which drops the owner and frees the block.
-    unsafe { Managed::from_raw(block.cast::<M>()) }
+    raw.cast()
 }
 
 /// Checks that `shape`/`strides` stay inside a buffer of `len` elements, and
@@ -141,7 +191,7 @@ fn place_in_buffer(shape: &[i64], strides: Option<&[i64]>, len: usize) -> Result
         return Ok(0);
     }
     let (lo, hi) = match strides {
-        None => (0, numel as i128 - 1),
+        None => (0, numel as i64 - 1),
         Some(strides) => {
             if strides.len() != shape.len() {
                 return Err(Error::StridesLength { expected: shape.len(), found: strides.len() });
@@ -150,10 +200,12 @@ fn place_in_buffer(shape: &[i64], strides: Option<&[i64]>, len: usize) -> Result
                 .ok_or_else(|| Error::ExtentOverflow { shape: shape.to_vec(), strides: strides.to_vec(), byte_offset: 0 })?
         }
     };
+    // `first + hi` is the highest index reached: it must be below `len`.
     let first = -lo;
-    if first + hi >= len as i128 {
-        let clamp = |v: i128| v.clamp(i64::MIN as i128, i64::MAX as i128) as i64;
-        return Err(Error::OutOfBounds { lowest: 0, highest: clamp(first + hi), len });
+    let highest = first.checked_add(hi).filter(|&h| (h as u64) < len as u64);
+    if highest.is_none() {
+        let reach = first.saturating_add(hi);
+        return Err(Error::OutOfBounds { lowest: 0, highest: reach, len });
     }
     Ok(first as usize)
 }
@@ -305,6 +357,20 @@ mod tests {
         // SAFETY: `raw` came from `into_raw` and is owned again here.
         let back = unsafe { LegacyManagedTensor::from_raw(raw) }.unwrap();
         assert_eq!(back.view().shape(), &[2, 2]);
+    }
+
+    #[test]
+    fn export_view_matches_a_fresh_validation() {
+        let src = ManagedTensor::from_owner_mut((0..12).collect::<Vec<i32>>(), &[3, 2], Some(&[-4, 2])).unwrap();
+        // SAFETY: `src` owns the data and outlives the export.
+        let exported: ManagedTensor = unsafe { export_view((), src.view(), Device::CPU, 0) };
+        let (shape, strides, range) = (exported.view().shape().to_vec(), exported.view().strides().to_vec(), exported.view().byte_range());
+        // SAFETY: an owned tensor from `into_raw`, validated again from scratch.
+        let again = unsafe { ManagedTensor::from_raw(exported.into_raw()) }.unwrap();
+        assert_eq!((again.view().shape(), again.view().strides()), (&shape[..], &strides[..]));
+        assert_eq!(again.view().byte_range(), range);
+        assert_eq!(again.view().byte_range(), src.view().byte_range());
+        assert_eq!(again.view().as_ptr(), src.view().as_ptr());
     }
 
     #[test]

@@ -197,6 +197,14 @@ impl<M: ManagedAbi> Managed<M> {
         }
     }
 
+    /// Wraps a tensor whose view was validated already (an export of a view).
+    ///
+    /// # Safety
+    /// `ptr` must be an owned managed tensor that `view` describes exactly.
+    pub(crate) unsafe fn from_validated(ptr: NonNull<M>, view: TensorView<'static>) -> Self {
+        Managed { ptr, view }
+    }
+
     /// Gives up ownership without calling the deleter, for a C consumer.
     pub fn into_raw(self) -> *mut M {
         let ptr = self.ptr.as_ptr();

@@ -12,34 +12,45 @@ use crate::error::Error;
 use crate::export::{export_raw, RawLayout};
 use crate::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
 use crate::managed::{Managed, ManagedAbi};
-use crate::view::{TensorView, TensorViewMut};
+use crate::view::{with_small, TensorView, TensorViewMut};
 use crate::Device;
 
-/// Lowest-address element, absolute strides, and the axes to invert.
-struct Placement {
-    base: *const u8,
-    shape: Vec<usize>,
-    strides: Vec<usize>,
-    inverted: Vec<usize>,
-}
-
-fn placement<T: Element>(view: &TensorView<'_>) -> Placement {
+/// The lowest-address element and the axes (a bit mask) whose strides are
+/// negative: ndarray wants non-negative strides from the lowest address.
+fn placement<T: Element>(view: &TensorView<'_>) -> (*const u8, u64) {
     let size = core::mem::size_of::<T>() as isize;
     let mut base = view.as_ptr().cast::<u8>();
-    let mut inverted = Vec::new();
-    let mut strides = Vec::with_capacity(view.ndim());
+    let mut inverted = 0u64;
     for (axis, (&dim, &stride)) in view.shape().iter().zip(view.strides()).enumerate() {
         if stride < 0 && dim > 1 {
             // Cannot wrap: validation bounded every address the layout reaches.
             base = base.wrapping_offset((dim as isize - 1) * stride as isize * size);
-            inverted.push(axis);
+            inverted |= 1 << axis;
         }
-        strides.push(stride.unsigned_abs() as usize);
     }
     if view.is_empty() {
         base = core::ptr::NonNull::<T>::dangling().as_ptr().cast();
     }
-    Placement { base, shape: view.shape().iter().map(|&d| d as usize).collect(), strides, inverted }
+    (base, inverted)
+}
+
+/// `IxDyn` shape and absolute strides of a view.
+fn dyn_layout(view: &TensorView<'_>) -> (IxDyn, IxDyn) {
+    let shape = with_small(view.ndim(), |i| view.shape()[i] as usize, IxDyn);
+    let strides = with_small(view.ndim(), |i| view.strides()[i].unsigned_abs() as usize, IxDyn);
+    (shape, strides)
+}
+
+fn invert<V>(array: &mut ndarray::ArrayBase<V, IxDyn>, inverted: u64)
+where
+    V: ndarray::RawData,
+{
+    let mut bits = inverted;
+    while bits != 0 {
+        let axis = bits.trailing_zeros() as usize;
+        array.invert_axis(Axis(axis));
+        bits &= bits - 1;
+    }
 }
 
 impl<'a> TensorView<'a> {
@@ -47,21 +58,21 @@ impl<'a> TensorView<'a> {
     /// device, dtype, alignment and, for `bool`, that every byte is 0 or 1.
     pub fn as_array<T: Element, D: Dimension>(&self) -> Result<ArrayView<'a, T, D>, Error> {
         self.check_array::<T, D>()?;
-        let p = placement::<T>(self);
-        // SAFETY: validation proved every element the layout reaches is readable
-        // for 'a; `base` is the lowest-address element, so with absolute strides
-        // every index lands on one of them. Type, alignment and values were checked.
-        let mut array = unsafe { ArrayView::<T, IxDyn>::from_shape_ptr(IxDyn(&p.shape).strides(IxDyn(&p.strides)), p.base.cast()) };
-        for axis in p.inverted {
-            array.invert_axis(Axis(axis));
-        }
+        let (base, inverted) = placement::<T>(self);
+        let (shape, strides) = dyn_layout(self);
         if T::DTYPE == crate::DataType::BOOL {
-            // SAFETY: the same layout, read as bytes: every bool is one byte.
-            let bytes = unsafe { ArrayView::<u8, IxDyn>::from_shape_ptr(IxDyn(&p.shape).strides(IxDyn(&p.strides)), p.base) };
+            // SAFETY: the same layout, read as bytes: every bool is one byte, and
+            // validation proved every element readable for 'a.
+            let bytes = unsafe { ArrayView::<u8, IxDyn>::from_shape_ptr(shape.clone().strides(strides.clone()), base) };
             if bytes.iter().any(|&b| b > 1) {
                 return Err(Error::InvalidValues { dtype: self.dtype() });
             }
         }
+        // SAFETY: validation proved every element the layout reaches is readable
+        // for 'a; `base` is the lowest-address element, so with absolute strides
+        // every index lands on one of them. Type, alignment and values were checked.
+        let mut array = unsafe { ArrayView::<T, IxDyn>::from_shape_ptr(shape.strides(strides), base.cast()) };
+        invert(&mut array, inverted);
         let ndim = self.ndim();
         array.into_dimensionality::<D>().map_err(|_| Error::RankMismatch { expected: D::NDIM.unwrap_or(ndim), found: ndim })
     }
@@ -92,15 +103,12 @@ impl<'a> TensorViewMut<'a> {
         // Reading first runs every check, bool values included.
         let ndim = self.ndim();
         drop(self.as_array::<T, D>()?);
-        let p = placement::<T>(self);
+        let (base, inverted) = placement::<T>(self);
+        let (shape, strides) = dyn_layout(self);
         // SAFETY: as in `as_array`; the memory is writable and unaliased
         // (guaranteed by `TensorViewMut`), and `&mut self` is the only borrow.
-        let mut array = unsafe {
-            ArrayViewMut::<T, IxDyn>::from_shape_ptr(IxDyn(&p.shape).strides(IxDyn(&p.strides)), p.base.cast_mut().cast())
-        };
-        for axis in p.inverted {
-            array.invert_axis(Axis(axis));
-        }
+        let mut array = unsafe { ArrayViewMut::<T, IxDyn>::from_shape_ptr(shape.strides(strides), base.cast_mut().cast()) };
+        invert(&mut array, inverted);
         array.into_dimensionality::<D>().map_err(|_| Error::RankMismatch { expected: D::NDIM.unwrap_or(ndim), found: ndim })
     }
 }
@@ -109,14 +117,11 @@ impl<M: ManagedAbi> Managed<M> {
     /// Exports an owned array without copying, in whatever layout it has
     /// (negative strides included). The array is dropped by the deleter.
     pub fn from_array<T: Element, D: Dimension + Send + 'static>(mut array: Array<T, D>) -> Result<Self, Error> {
-        let shape: Vec<i64> = array.shape().iter().map(|&d| d as i64).collect();
-        let strides: Vec<i64> = array.strides().iter().map(|&s| s as i64).collect();
         let data = array.as_mut_ptr().cast();
-        let layout = RawLayout { dtype: T::DTYPE, device: Device::CPU, shape: &shape, strides: Some(&strides), byte_offset: 0 };
         // SAFETY: `data` is element 0 of the array and the shape and strides are
         // the array's own, so every element reached is in its buffer, which the
         // array (the owner) keeps alive and in place; the array is writable.
-        unsafe { export_raw(array, data, layout, 0) }
+        unsafe { export_array(array, data, 0) }
     }
 
     /// Exports a shared array without copying. A uniquely held array is exported
@@ -125,14 +130,41 @@ impl<M: ManagedAbi> Managed<M> {
         if array.is_unique() {
             return Self::from_array(array.into_owned());
         }
-        let shape: Vec<i64> = array.shape().iter().map(|&d| d as i64).collect();
-        let strides: Vec<i64> = array.strides().iter().map(|&s| s as i64).collect();
         let data = array.as_ptr().cast_mut().cast();
-        let layout = RawLayout { dtype: T::DTYPE, device: Device::CPU, shape: &shape, strides: Some(&strides), byte_offset: 0 };
         // SAFETY: as in `from_array`; the data is only read (READ_ONLY), as the
         // other clones only read it.
-        unsafe { export_raw(array, data, layout, DLPACK_FLAG_BITMASK_READ_ONLY) }
+        unsafe { export_array(array, data, DLPACK_FLAG_BITMASK_READ_ONLY) }
     }
+}
+
+/// Exports an array-like owner with its own shape and strides.
+///
+/// # Safety
+/// `data` must be element 0 of `array`, whose buffer the array keeps in place.
+unsafe fn export_array<M, A, S, D>(array: ndarray::ArrayBase<S, D>, data: *mut core::ffi::c_void, flags: u64) -> Result<Managed<M>, Error>
+where
+    M: ManagedAbi,
+    A: Element,
+    S: ndarray::Data<Elem = A> + Send + 'static,
+    D: Dimension + Send + 'static,
+{
+    let ndim = array.ndim();
+    // Shape then strides, on the stack for up to 8 axes.
+    let (mut inline, mut heap) = ([0i64; 16], Vec::new());
+    let dims: &mut [i64] = if ndim <= 8 {
+        &mut inline[..2 * ndim]
+    } else {
+        heap.resize(2 * ndim, 0);
+        &mut heap
+    };
+    for (i, (&d, &s)) in array.shape().iter().zip(array.strides()).enumerate() {
+        dims[i] = d as i64;
+        dims[ndim + i] = s as i64;
+    }
+    let (shape, strides) = dims.split_at(ndim);
+    let layout = RawLayout { dtype: A::DTYPE, device: Device::CPU, shape, strides: Some(strides), byte_offset: 0 };
+    // SAFETY: forwarded from the caller; the layout is the array's own.
+    unsafe { export_raw(array, data, layout, flags) }
 }
 
 #[cfg(test)]

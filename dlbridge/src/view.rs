@@ -99,6 +99,20 @@ pub(crate) fn row_major_strides(shape: &[i64]) -> Option<Vec<i64>> {
     Some(strides)
 }
 
+/// Calls `f` with `n` values made by `make`, on the stack for up to 8 of them
+/// (every common rank), so that hot paths do not allocate.
+pub(crate) fn with_small<T: Copy + Default, R>(n: usize, make: impl Fn(usize) -> T, f: impl FnOnce(&[T]) -> R) -> R {
+    if n <= 8 {
+        let mut buf = [T::default(); 8];
+        for (i, slot) in buf[..n].iter_mut().enumerate() {
+            *slot = make(i);
+        }
+        f(&buf[..n])
+    } else {
+        f(&(0..n).map(make).collect::<Vec<T>>())
+    }
+}
+
 /// The element count of `shape`, checked against `i64` and `usize`.
 pub(crate) fn element_count(shape: &[i64]) -> Result<usize, Error> {
     let mut n: i64 = 1;
@@ -112,11 +126,11 @@ pub(crate) fn element_count(shape: &[i64]) -> Result<usize, Error> {
 }
 
 /// Lowest and highest element index reached by a non-empty layout, relative to
-/// element 0. `None` on overflow.
-pub(crate) fn element_extent(shape: &[i64], strides: &[i64]) -> Option<(i128, i128)> {
-    let (mut lo, mut hi) = (0i128, 0i128);
+/// element 0. `None` on overflow (no such tensor fits in memory anyway).
+pub(crate) fn element_extent(shape: &[i64], strides: &[i64]) -> Option<(i64, i64)> {
+    let (mut lo, mut hi) = (0i64, 0i64);
     for (&dim, &stride) in shape.iter().zip(strides) {
-        let reach = i128::from(dim - 1).checked_mul(i128::from(stride))?;
+        let reach = (dim - 1).checked_mul(stride)?;
         if reach < 0 {
             lo = lo.checked_add(reach)?;
         } else {
@@ -128,8 +142,8 @@ pub(crate) fn element_extent(shape: &[i64], strides: &[i64]) -> Option<(i128, i1
 
 /// Byte range `lo..hi` that elements `lo_elem..=hi_elem` occupy, relative to
 /// element 0, for elements of `bits` bits, packed or padded to whole bytes.
-fn byte_extent(lo_elem: i128, hi_elem: i128, dtype: DataType, padded: bool) -> Option<(i128, i128)> {
-    let bits = i128::from(dtype.element_bits());
+fn byte_extent(lo_elem: i64, hi_elem: i64, dtype: DataType, padded: bool) -> Option<(i64, i64)> {
+    let bits = i64::from(dtype.element_bits());
     if padded || bits % 8 == 0 {
         let size = (bits + 7) / 8;
         Some((lo_elem.checked_mul(size)?, hi_elem.checked_add(1)?.checked_mul(size)?))
@@ -219,9 +233,11 @@ impl<'a> TensorView<'a> {
         }
         // Element 0 and the bytes reached must all lie in the address space, and
         // the span must fit in isize, as for any Rust allocation.
-        let base = (data as usize as i128).checked_add(i128::from(byte_offset)).ok_or_else(overflow)?;
+        let base = (data as usize as u64).checked_add(byte_offset).ok_or_else(overflow)?;
         let fits = numel == 0
-            || (base + lo >= 0 && base + hi <= usize::MAX as i128 && hi - lo <= isize::MAX as i128);
+            || (base.checked_add_signed(lo).is_some()
+                && base.checked_add_signed(hi).is_some_and(|end| end <= usize::MAX as u64)
+                && hi.checked_sub(lo).is_some());
         if !fits || byte_offset > isize::MAX as u64 {
             return Err(overflow());
         }
@@ -237,6 +253,28 @@ impl<'a> TensorView<'a> {
             padded,
             _data: PhantomData,
         })
+    }
+
+    /// The same view, reading shape and strides from copies at `shape` and
+    /// `strides` (NULL for 0-d), as seen on `device`.
+    ///
+    /// # Safety
+    /// The two arrays must hold this view's shape and strides and outlive the result.
+    pub(crate) unsafe fn rebased(&self, shape: *const i64, strides: *const i64, device: Device) -> TensorView<'static> {
+        let len = self.shape.len;
+        let raw = |ptr: *const i64| if len == 0 { RawSlice::EMPTY } else { RawSlice { ptr, len } };
+        TensorView {
+            ptr: self.ptr,
+            shape: raw(shape),
+            strides: Strides::Given(raw(strides)),
+            dtype: self.dtype,
+            device,
+            numel: self.numel,
+            lo: self.lo,
+            hi: self.hi,
+            padded: self.padded,
+            _data: PhantomData,
+        }
     }
 
     /// Extent of each axis.

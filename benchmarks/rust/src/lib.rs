@@ -1,0 +1,1 @@
+//! Benchmarks only: see `benches/core.rs`, run with `cargo bench -p dlbridge-bench`.
