@@ -11,7 +11,10 @@ pythonapi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 pythonapi.PyCapsule_IsValid.restype = ctypes.c_int
 pythonapi.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 pythonapi.PyCapsule_New.restype = ctypes.py_object
-pythonapi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+pythonapi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+
+# Capsule names live as long as the process, as the spec requires.
+_NAMES = {}
 
 READ_ONLY = 1 << 0
 IS_COPIED = 1 << 1
@@ -122,22 +125,32 @@ class FakeProducer:
 
     def capsule(self, name=None):
         name = name or ("dltensor_versioned" if self.versioned else "dltensor")
-        key = (name, self.versioned)
+        # The destructor frees the tensor only while the capsule has the standard unused name.
+        key = self.versioned
         if key not in FakeProducer._destructors:
-            FakeProducer._destructors[key] = _make_destructor(name, self.versioned)
+            FakeProducer._destructors[key] = _make_destructor(self.versioned)
         destructor = FakeProducer._destructors[key]
+        # A capsule keeps a pointer to its name, so the name must outlive it.
+        encoded = _NAMES.setdefault(name, ctypes.create_string_buffer(name.encode()))
         return pythonapi.PyCapsule_New(
-            ctypes.addressof(self.managed), name.encode(), ctypes.cast(destructor, ctypes.c_void_p)
+            ctypes.addressof(self.managed), ctypes.addressof(encoded), ctypes.cast(destructor, ctypes.c_void_p)
         )
 
 
-def _make_destructor(name, versioned):
-    cls = DLManagedTensorVersioned if versioned else DLManagedTensor
+# Raw-pointer variants for use inside a capsule destructor: the capsule is being freed, so it must
+# not be handled as a Python object (ctypes would take and drop a reference to it).
+_is_valid_raw = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", pythonapi))
+_get_pointer_raw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", pythonapi))
 
-    @ctypes.CFUNCTYPE(None, ctypes.py_object)
+
+def _make_destructor(versioned):
+    cls = DLManagedTensorVersioned if versioned else DLManagedTensor
+    name = "dltensor_versioned" if versioned else "dltensor"
+
+    @ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
     def destructor(capsule):
-        if pythonapi.PyCapsule_IsValid(capsule, name.encode()):
-            managed = cls.from_address(pythonapi.PyCapsule_GetPointer(capsule, name.encode()))
+        if _is_valid_raw(capsule, name.encode()):
+            managed = cls.from_address(_get_pointer_raw(capsule, name.encode()))
             if managed.deleter:
                 managed.deleter(ctypes.addressof(managed))
 
