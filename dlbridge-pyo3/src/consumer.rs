@@ -67,6 +67,8 @@ pub(crate) fn parse_device_tuple(obj: &Bound<'_, PyAny>, what: &str) -> PyResult
 
 /// The keyword names of a `__dlpack__` call, cached per combination of the
 /// optional `dl_device` and `copy`.
+// Cannot fire: making a tuple of interned strings fails only on out-of-memory.
+#[allow(clippy::expect_used)]
 fn kwnames(py: Python<'_>, dl_device: bool, copy: bool) -> &Bound<'_, PyTuple> {
     static CACHE: [PyOnceLock<Py<PyTuple>>; 4] = [const { PyOnceLock::new() }; 4];
     let index = usize::from(dl_device) | usize::from(copy) << 1;
@@ -84,6 +86,8 @@ fn kwnames(py: Python<'_>, dl_device: bool, copy: bool) -> &Bound<'_, PyTuple> {
         .bind(py)
 }
 
+// Cannot fire: making a tuple of two small ints fails only on out-of-memory.
+#[allow(clippy::expect_used)]
 fn max_version_arg(py: Python<'_>) -> &Bound<'_, PyTuple> {
     static MAX_VERSION: PyOnceLock<Py<PyTuple>> = PyOnceLock::new();
     MAX_VERSION

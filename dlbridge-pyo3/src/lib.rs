@@ -33,6 +33,9 @@
 //! The crate keeps no global state beyond interned strings and cached keyword
 //! tuples, so several extensions can link it side by side.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+// Nothing on an import or export path may panic on foreign input: the few
+// remaining `expect`s are allowed one by one, each with the reason it cannot fire.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::unreachable, clippy::todo, clippy::unimplemented))]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod capsule;
@@ -119,6 +122,16 @@ fn _exchange_api_calls(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict
     Ok(dict)
 }
 
+/// Imports `x` through DLPack and drops the owned tensor on a new Rust thread
+/// that has never held the GIL, while this thread waits with the GIL released:
+/// the producer's deleter must cope. For tests.
+#[pyfunction]
+fn _drop_on_rust_thread(py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<()> {
+    let managed = from_dlpack(x, ImportOptions::default())?;
+    py.detach(|| std::thread::spawn(move || drop(managed)).join())
+        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("the dropping thread panicked"))
+}
+
 /// Adds the classes and functions of the `dlbridge` Python package to `module`.
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Tensor>()?;
@@ -128,6 +141,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(empty, module)?)?;
     module.add_function(wrap_pyfunction!(zeros, module)?)?;
     module.add_function(wrap_pyfunction!(_exchange_api_calls, module)?)?;
+    module.add_function(wrap_pyfunction!(_drop_on_rust_thread, module)?)?;
     let v = dlbridge::ffi::DLPackVersion::CURRENT;
     module.add("DLPACK_VERSION", (v.major, v.minor))?;
     Ok(())

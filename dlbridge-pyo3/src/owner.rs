@@ -20,6 +20,8 @@ unsafe impl Sync for PyOwner {}
 
 impl PyOwner {
     /// A new strong reference to `obj`.
+    // Cannot fire: a `Bound` always holds a non-NULL object.
+    #[allow(clippy::expect_used)]
     pub fn new(obj: &Bound<'_, PyAny>) -> Self {
         PyOwner(NonNull::new(obj.clone().into_ptr()).expect("a Bound is never NULL"))
     }

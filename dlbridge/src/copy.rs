@@ -37,6 +37,8 @@ const HUGE_PAGE_THRESHOLD: usize = 32 << 20;
 const HUGE_PAGE: usize = 2 << 20;
 
 impl AlignedBuffer {
+    // Cannot fire: `alloc` refuses lengths that could overflow before calling this.
+    #[allow(clippy::expect_used)]
     fn layout(len: usize) -> Layout {
         let align = if len >= HUGE_PAGE_THRESHOLD { HUGE_PAGE } else { ALIGNMENT };
         // Cannot fail for len <= isize::MAX - HUGE_PAGE, which `alloc` checks first.
@@ -154,6 +156,8 @@ pub fn to_contiguous<M: ManagedAbi>(view: &TensorView<'_>) -> Result<Managed<M>,
 }
 
 /// Drops axes of extent 1 and merges axes that are contiguous with each other.
+// Cannot fire: the two vectors grow together, and `last_mut` follows a `last` that was Some.
+#[allow(clippy::expect_used)]
 fn simplify(shape: &[usize], strides: &[isize]) -> (Vec<usize>, Vec<isize>) {
     let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
     let mut out_strides: Vec<isize> = Vec::with_capacity(shape.len());

@@ -43,6 +43,9 @@ struct ExportBlock<M, O> {
     // followed by `2 * ndim` i64: shape, then strides
 }
 
+// Cannot fire: ndim <= MAX_NDIM (checked by every caller), so the block is a
+// few hundred bytes plus the owner's size, far from any layout limit.
+#[allow(clippy::expect_used)]
 fn block_layout<M, O>(ndim: usize) -> (Layout, usize) {
     let head = Layout::new::<ExportBlock<M, O>>();
     // Cannot fail: ndim <= MAX_NDIM, so the array is at most 1 KiB.

@@ -132,7 +132,17 @@ impl ManagedAbi for DLManagedTensor {
     }
 }
 
-/// An owned, validated managed tensor; see the [module docs](self).
+/// An owned, validated managed tensor.
+///
+/// # Ownership contract
+/// A `Managed` owns one `DLManagedTensorVersioned` ([`ManagedTensor`]) or legacy
+/// `DLManagedTensor` ([`LegacyManagedTensor`]). It calls the producer's deleter
+/// once, when dropped, unless [`Managed::into_raw`] handed ownership on. A NULL
+/// deleter is allowed and means there is nothing to free.
+///
+/// Taking a pointer is `unsafe` (the pointer must really be an owned managed
+/// tensor); everything after that is safe, because the tensor was validated once,
+/// by [`TensorView::from_dltensor`], on the way in.
 pub struct Managed<M: ManagedAbi> {
     ptr: NonNull<M>,
     /// The validated view. Its `'static` is private: it borrows from `*ptr`, which
