@@ -19,5 +19,9 @@ PYTHONMALLOC=malloc OPENBLAS_NUM_THREADS=1 valgrind --tool=memcheck --leak-check
     "$PY" -m pytest "${TESTS[@]}" || true
 echo "== valgrind summary ($LOG)"
 grep -E "ERROR SUMMARY|definitely lost|indirectly lost|Invalid (read|write)" "$LOG" | sort | uniq -c | head -20
-echo "== reports that mention dlbridge code:"
-awk '/^==[0-9]+== (Invalid|Conditional|Use of|[0-9,]+ bytes in)/{block=$0; keep=0; next} /dlbridge|_native/{keep=1} /^==[0-9]+== $/{if (keep) print block; keep=0}' "$LOG" | sort | uniq -c || true
+echo "== reports with a frame in dlbridge's own code (the _native module, or the dlbridge crates):"
+# The venv path contains "dlbridge" too, so match the library and crate names only.
+awk '/^==[0-9]+== (Invalid|Conditional|Use of|[0-9,]+ (\([0-9, a-z]+\) )?bytes in)/{block=$0; keep=0; next}
+     /_native\.cpython|dlbridge_pyo3::|dlbridge::/{keep=1}
+     /^==[0-9]+== $/{if (keep) print block; keep=0}' "$LOG" | sort | uniq -c
+echo "(none above means none)"

@@ -195,6 +195,149 @@ fn share_tensor(tensor: &Bound<'_, Tensor>) -> PyResult<AnyManaged> {
     Ok(AnyManaged::Versioned(shared))
 }
 
+/// NumPy's public array struct (`PyArrayObject_fields`), up to `flags`; these
+/// fields have the same offsets in NumPy 1.x and 2.x.
+#[repr(C)]
+struct NumpyArrayFields {
+    ob_base: ffi::PyObject,
+    data: *mut c_void,
+    nd: core::ffi::c_int,
+    dimensions: *const isize,
+    strides: *const isize,
+    base: *mut ffi::PyObject,
+    descr: *const NumpyDescrFields,
+    flags: core::ffi::c_int,
+}
+
+/// The head of NumPy's `PyArray_Descr`, up to `type_num` (same offsets in 1.x and 2.x).
+#[repr(C)]
+struct NumpyDescrFields {
+    ob_base: ffi::PyObject,
+    typeobj: *mut ffi::PyTypeObject,
+    kind: core::ffi::c_char,
+    type_char: core::ffi::c_char,
+    byteorder: core::ffi::c_char,
+    former_flags: core::ffi::c_char,
+    type_num: core::ffi::c_int,
+}
+
+const NPY_ARRAY_WRITEABLE: core::ffi::c_int = 0x0400;
+
+/// The dtype of a NumPy builtin type number, for the types DLPack shares with NumPy.
+fn numpy_dtype(type_num: core::ffi::c_int) -> Option<DataType> {
+    let long = if core::mem::size_of::<core::ffi::c_long>() == 8 { (DataType::INT64, DataType::UINT64) } else { (DataType::INT32, DataType::UINT32) };
+    Some(match type_num {
+        0 => DataType::BOOL,
+        1 => DataType::INT8,
+        2 => DataType::UINT8,
+        3 => DataType::INT16,
+        4 => DataType::UINT16,
+        5 => DataType::INT32,
+        6 => DataType::UINT32,
+        7 => long.0,
+        8 => long.1,
+        9 => DataType::INT64,
+        10 => DataType::UINT64,
+        11 => DataType::FLOAT32,
+        12 => DataType::FLOAT64,
+        14 => DataType::COMPLEX64,
+        15 => DataType::COMPLEX128,
+        23 => DataType::FLOAT16,
+        _ => return None,
+    })
+}
+
+/// `numpy.ndarray`, once seen (a static type: it lives as long as the process).
+static NDARRAY_TYPE: core::sync::atomic::AtomicPtr<ffi::PyTypeObject> = core::sync::atomic::AtomicPtr::new(core::ptr::null_mut());
+
+fn is_exact_ndarray(obj: &Bound<'_, PyAny>) -> bool {
+    use core::sync::atomic::Ordering;
+    // SAFETY: reading the type of a live object.
+    let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
+    let known = NDARRAY_TYPE.load(Ordering::Relaxed);
+    if !known.is_null() {
+        return ty == known;
+    }
+    // SAFETY: `tp_name` of a live type is a NUL-terminated string.
+    let name = unsafe { core::ffi::CStr::from_ptr((*ty).tp_name) };
+    if name.to_bytes() == b"numpy.ndarray" {
+        NDARRAY_TYPE.store(ty, Ordering::Relaxed);
+        return true;
+    }
+    false
+}
+
+/// Zero-copy import of an exact `numpy.ndarray` of a standard numeric dtype,
+/// read from NumPy's public struct instead of a capsule: the same tensor that
+/// `__dlpack__` would give (READ_ONLY when not writeable), without NumPy's
+/// allocation and deleter. `None` for anything else, which goes through `__dlpack__`.
+fn numpy_fast_path(obj: &Bound<'_, PyAny>) -> PyResult<Option<ManagedTensor>> {
+    if !is_exact_ndarray(obj) {
+        return Ok(None);
+    }
+    // SAFETY: `obj` is an exact numpy.ndarray, whose object starts with these
+    // public fields; its descr is a live PyArray_Descr.
+    let (array, descr) = unsafe {
+        let array = &*obj.as_ptr().cast::<NumpyArrayFields>();
+        (array, &*array.descr)
+    };
+    let native = if cfg!(target_endian = "little") { b'<' } else { b'>' };
+    let Some(dtype) = numpy_dtype(descr.type_num) else { return Ok(None) };
+    if !matches!(descr.byteorder as u8, b'=' | b'|') && descr.byteorder as u8 != native {
+        return Ok(None);
+    }
+    let ndim = match usize::try_from(array.nd) {
+        Ok(n) if n <= dlbridge::MAX_NDIM => n,
+        _ => return Ok(None),
+    };
+    let itemsize = dtype.itemsize().unwrap_or(1) as isize;
+    // SAFETY: a live array has `nd` dimensions and strides (pointers may be
+    // dangling only when nd is 0, and are not read then).
+    let (dims, byte_strides) = if ndim == 0 {
+        (&[][..], &[][..])
+    } else {
+        unsafe { (core::slice::from_raw_parts(array.dimensions, ndim), core::slice::from_raw_parts(array.strides, ndim)) }
+    };
+    if dims.iter().zip(byte_strides).any(|(&d, &s)| d > 1 && s % itemsize != 0) {
+        return Ok(None); // NumPy's own export refuses these; let it say so.
+    }
+    let flags = if array.flags & NPY_ARRAY_WRITEABLE == 0 { DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
+    let shape = crate::consumer::small_i64(dims, |d| d as i64);
+    let strides = crate::consumer::small_i64(byte_strides, |s| (s / itemsize) as i64);
+    let layout = RawLayout { dtype, device: Device::CPU, shape: shape.as_slice(), strides: Some(strides.as_slice()), byte_offset: 0 };
+    // SAFETY: the array's data is valid for its own layout for as long as the
+    // array lives, which the owner guarantees; the layout is validated again.
+    let managed = unsafe { export_raw(PyOwner::new(obj), array.data, layout, flags) }.py()?;
+    Ok(Some(managed))
+}
+
+/// Up to 8 values on the stack, more on the heap.
+pub(crate) enum SmallI64 {
+    Inline([i64; 8], usize),
+    Heap(Vec<i64>),
+}
+
+impl SmallI64 {
+    pub(crate) fn as_slice(&self) -> &[i64] {
+        match self {
+            SmallI64::Inline(values, len) => &values[..*len],
+            SmallI64::Heap(values) => values,
+        }
+    }
+}
+
+pub(crate) fn small_i64(values: &[isize], map: impl Fn(isize) -> i64) -> SmallI64 {
+    if values.len() <= 8 {
+        let mut out = [0i64; 8];
+        for (slot, &v) in out.iter_mut().zip(values) {
+            *slot = map(v);
+        }
+        SmallI64::Inline(out, values.len())
+    } else {
+        SmallI64::Heap(values.iter().map(|&v| map(v)).collect())
+    }
+}
+
 /// Imports through DLPack: a raw `dltensor`/`dltensor_versioned` capsule (which
 /// is consumed) or any object with `__dlpack__`.
 ///
@@ -207,6 +350,9 @@ pub fn from_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<A
     }
     if is_capsule(obj) {
         return finish(consume_capsule(obj)?, options);
+    }
+    if let Some(managed) = numpy_fast_path(obj)? {
+        return finish(AnyManaged::Versioned(managed), options);
     }
     if let Some(api) = exchange::lookup(obj) {
         if let Some(managed) = exchange::import_owned(obj, api)? {

@@ -24,7 +24,7 @@ use crate::errors::IntoPyResult;
 use crate::owner::PyOwner;
 
 /// An n-dimensional tensor exchanged through DLPack.
-#[pyclass(frozen, module = "dlbridge", name = "Tensor")]
+#[pyclass(frozen, freelist = 64, module = "dlbridge", name = "Tensor")]
 pub struct Tensor {
     managed: AnyManaged,
     readonly: bool,

@@ -12,8 +12,22 @@ use crate::error::Error;
 use crate::export::{export_raw, RawLayout};
 use crate::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
 use crate::managed::{Managed, ManagedAbi};
-use crate::view::{with_small, TensorView, TensorViewMut};
+use crate::view::{TensorView, TensorViewMut};
 use crate::Device;
+
+/// Calls `f` with `n` values made by `make`, on the stack for up to 8 of them
+/// (every common rank), so that hot paths do not allocate.
+fn with_small<T: Copy + Default, R>(n: usize, make: impl Fn(usize) -> T, f: impl FnOnce(&[T]) -> R) -> R {
+    if n <= 8 {
+        let mut buf = [T::default(); 8];
+        for (i, slot) in buf[..n].iter_mut().enumerate() {
+            *slot = make(i);
+        }
+        f(&buf[..n])
+    } else {
+        f(&(0..n).map(make).collect::<Vec<T>>())
+    }
+}
 
 /// The lowest-address element and the axes (a bit mask) whose strides are
 /// negative: ndarray wants non-negative strides from the lowest address.

@@ -99,20 +99,6 @@ pub(crate) fn row_major_strides(shape: &[i64]) -> Option<Vec<i64>> {
     Some(strides)
 }
 
-/// Calls `f` with `n` values made by `make`, on the stack for up to 8 of them
-/// (every common rank), so that hot paths do not allocate.
-pub(crate) fn with_small<T: Copy + Default, R>(n: usize, make: impl Fn(usize) -> T, f: impl FnOnce(&[T]) -> R) -> R {
-    if n <= 8 {
-        let mut buf = [T::default(); 8];
-        for (i, slot) in buf[..n].iter_mut().enumerate() {
-            *slot = make(i);
-        }
-        f(&buf[..n])
-    } else {
-        f(&(0..n).map(make).collect::<Vec<T>>())
-    }
-}
-
 /// The element count of `shape`, checked against `i64` and `usize`.
 pub(crate) fn element_count(shape: &[i64]) -> Result<usize, Error> {
     let mut n: i64 = 1;

@@ -335,3 +335,23 @@ def test_non_native_byte_order_and_unsupported_dtypes_from_numpy():
         dlbridge.from_dlpack(np.arange(3, dtype=">f4"))
     with pytest.raises(BufferError):
         dlbridge.asarray(np.arange(3, dtype=">f4").data)
+
+
+def test_arrays_numpy_itself_refuses_are_refused_the_same_way():
+    """Exact ndarrays of standard dtypes are read without a capsule; anything else goes through
+    NumPy's __dlpack__, so its refusals are ours too."""
+    record = np.zeros(4, dtype=[("a", "i4"), ("b", "i2")])["a"]  # stride 6, itemsize 4
+    with pytest.raises(BufferError, match="multiple of itemsize"):
+        dlbridge.from_dlpack(record)
+    with pytest.raises(BufferError):
+        dlbridge.from_dlpack(np.zeros(2, dtype=np.longdouble))
+    with pytest.raises(BufferError):
+        dlbridge.from_dlpack(np.array(["x"], dtype=object))
+
+    class Sub(np.ndarray):
+        pass
+
+    s = np.arange(4.0).view(Sub)
+    assert dlbridge.from_dlpack(s).data_ptr == s.ctypes.data
+    m = np.arange(4.0).reshape(2, 2)[:, :1]  # size-1 axis with any stride
+    assert dlbridge.from_dlpack(m).tolist() == [[0.0], [2.0]]
