@@ -345,7 +345,7 @@ pub(crate) fn small_i64(values: &[isize], map: impl Fn(isize) -> i64) -> SmallI6
 /// foreign capsule, BufferError for a tensor that cannot be imported, and
 /// ValueError when `copy=False` forbids a needed copy.
 pub fn from_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<AnyManaged> {
-    if let Ok(tensor) = obj.cast::<Tensor>() {
+    if let Ok(tensor) = obj.cast_exact::<Tensor>() {
         return finish(share_tensor(tensor)?, options);
     }
     if is_capsule(obj) {
@@ -375,7 +375,7 @@ pub fn from_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<A
 pub fn import_any(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<AnyManaged> {
     let py = obj.py();
     let options = ImportOptions { device: None, copy };
-    if obj.cast::<Tensor>().is_ok() || is_capsule(obj) || has_dlpack(obj) {
+    if obj.cast_exact::<Tensor>().is_ok() || is_capsule(obj) || has_dlpack(obj) {
         return from_dlpack(obj, options);
     }
     // SAFETY: a type-slot check on a live object.

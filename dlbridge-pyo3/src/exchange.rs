@@ -89,7 +89,7 @@ fn our_tensor<'a, 'py>(py: Python<'py>, object: *mut c_void) -> PyResult<Borrowe
     }
     // SAFETY: a non-NULL Python object from a caller that holds the GIL.
     let any = unsafe { Borrowed::from_ptr(py, object.cast::<ffi::PyObject>()) };
-    any.cast::<Tensor>().map_err(|_| {
+    any.cast_exact::<Tensor>().map_err(|_| {
         PyTypeError::new_err("dlbridge's exchange API was called with an object that is not a dlbridge.Tensor")
     })
 }
@@ -261,11 +261,12 @@ const CACHE_CAPACITY: usize = 32;
 
 /// The exchange-API table of `obj`'s type, cached per type.
 pub fn lookup(obj: &Bound<'_, PyAny>) -> Option<&'static DLPackExchangeAPI> {
-    let ty = obj.get_type();
-    let key = ty.as_ptr() as usize;
+    // SAFETY: reading the type pointer of a live object; no reference is taken.
+    let key = unsafe { ffi::Py_TYPE(obj.as_ptr()) } as usize;
     if let Some(hit) = CACHE.with_borrow(|cache| cache.iter().find(|(k, _)| *k == key).map(|(_, api)| *api)) {
         return hit;
     }
+    let ty = obj.get_type();
     let api = find(&ty);
     CACHE.with_borrow_mut(|cache| {
         if cache.len() < CACHE_CAPACITY {

@@ -72,7 +72,7 @@ fn py_from_dlpack(x: &Bound<'_, PyAny>, device: Option<&Bound<'_, PyAny>>, copy:
 #[pyfunction]
 #[pyo3(signature = (obj, /, *, copy=None))]
 fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py<PyAny>> {
-    if copy != Some(true) && obj.cast::<Tensor>().is_ok() {
+    if copy != Some(true) && obj.cast_exact::<Tensor>().is_ok() {
         return Ok(obj.clone().unbind());
     }
     Ok(Bound::new(obj.py(), Tensor::new(import_any(obj, copy)?))?.into_any().unbind())
