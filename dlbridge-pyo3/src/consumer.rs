@@ -291,11 +291,11 @@ fn numpy_fast_path(obj: &Bound<'_, PyAny>) -> PyResult<Option<ManagedTensor>> {
         _ => return Ok(None),
     };
     let itemsize = dtype.itemsize().unwrap_or(1) as isize;
-    // SAFETY: a live array has `nd` dimensions and strides (pointers may be
-    // dangling only when nd is 0, and are not read then).
     let (dims, byte_strides) = if ndim == 0 {
         (&[][..], &[][..])
     } else {
+        // SAFETY: a live array with nd > 0 has `nd` dimensions and strides, which
+        // live as long as the array.
         unsafe { (core::slice::from_raw_parts(array.dimensions, ndim), core::slice::from_raw_parts(array.strides, ndim)) }
     };
     if dims.iter().zip(byte_strides).any(|(&d, &s)| d > 1 && s % itemsize != 0) {
