@@ -16,7 +16,7 @@ use dlbridge::{to_contiguous, DataType, DataTypeCode, Device, DeviceType, Elemen
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyDict, PyList, PyString, PyTuple};
-use pyo3::{ffi, IntoPyObjectExt};
+use pyo3::{ffi, intern, Borrowed, IntoPyObjectExt};
 
 use crate::capsule::{into_capsule, AnyManaged};
 use crate::consumer::{parse_device_tuple, typestr};
@@ -321,23 +321,24 @@ impl Tensor {
         self.view().as_ptr() as usize
     }
 
-    /// The DLPack export, per the array API: a legacy `dltensor` capsule when
-    /// `max_version` is None or below 1.0, else a `dltensor_versioned` at 1.3.
-    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    fn __dlpack__<'py>(
-        slf: &Bound<'py, Self>,
-        stream: Option<&Bound<'py, PyAny>>,
-        max_version: Option<&Bound<'py, PyAny>>,
-        dl_device: Option<&Bound<'py, PyAny>>,
-        copy: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let request = slf.get().parse_request(stream, max_version, dl_device, copy)?;
-        let py = slf.py();
-        if request.legacy {
-            into_capsule(py, Self::export::<DLManagedTensor>(slf, &request)?)
-        } else {
-            into_capsule(py, Self::export::<DLManagedTensorVersioned>(slf, &request)?)
-        }
+    /// `__dlpack__`, installed as a method descriptor over [`dlpack_fastcall`]:
+    /// CPython's `METH_FASTCALL | METH_KEYWORDS` convention with keyword names
+    /// matched by identity, which PyO3's generic parser cannot offer.
+    #[classattr]
+    #[pyo3(name = "__dlpack__")]
+    fn dlpack_descriptor(py: Python<'_>) -> PyResult<Py<PyAny>> {
+        // Re-entrant during type creation: PyO3 hands out the type before
+        // filling its dict with class attributes such as this one.
+        let ty = py.get_type::<Tensor>();
+        let def = Box::leak(Box::new(ffi::PyMethodDef {
+            ml_name: c"__dlpack__".as_ptr(),
+            ml_meth: ffi::PyMethodDefPointer { PyCFunctionFastWithKeywords: dlpack_fastcall },
+            ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+            ml_doc: DLPACK_DOC.as_ptr(),
+        }));
+        // SAFETY: the type is live and the method definition is leaked, so it
+        // outlives the descriptor, as CPython requires.
+        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyDescr_NewMethod(ty.as_type_ptr(), def)) }.map(Bound::unbind)
     }
 
     /// The DLPack 1.3 C exchange API: a `"dlpack_exchange_api"` capsule holding
@@ -474,6 +475,85 @@ impl Tensor {
         let shape = if shape.len() == 1 { format!("({},)", shape[0]) } else { format!("({})", shape.join(", ")) };
         let ro = if self.readonly { ", readonly" } else { "" };
         format!("Tensor(shape={shape}, dtype={}, device={}{ro})", view.dtype(), view.device())
+    }
+}
+
+const DLPACK_DOC: &core::ffi::CStr = c"__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nThe DLPack export, per the array API: a legacy \"dltensor\" capsule when max_version is None or below (1, 0), else a \"dltensor_versioned\" capsule at version 1.3.";
+
+const DLPACK_KEYWORDS: [&str; 4] = ["stream", "max_version", "dl_device", "copy"];
+
+/// The keyword arguments of a `__dlpack__` vectorcall, by position in [`DLPACK_KEYWORDS`].
+///
+/// # Safety
+/// `args`, `nargsf` and `kwnames` must be those of a vectorcall made with the GIL held.
+unsafe fn dlpack_keywords<'a, 'py>(
+    py: Python<'py>,
+    args: *const *mut ffi::PyObject,
+    nargsf: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<[Option<Borrowed<'a, 'py, PyAny>>; 4]> {
+    // SAFETY: forwarded from the caller.
+    let nargs = unsafe { ffi::PyVectorcall_NARGS(nargsf as usize) };
+    if nargs != 0 {
+        return Err(PyTypeError::new_err(format!("__dlpack__() takes 0 positional arguments but {nargs} were given")));
+    }
+    let mut found = [None, None, None, None];
+    if kwnames.is_null() {
+        return Ok(found);
+    }
+    let interned = [intern!(py, "stream"), intern!(py, "max_version"), intern!(py, "dl_device"), intern!(py, "copy")];
+    // SAFETY: `kwnames` is a tuple of str; the values follow the positional
+    // arguments in `args`, one per name, all borrowed for the call.
+    let names: Borrowed<'a, 'py, PyAny> = unsafe { Borrowed::from_ptr(py, kwnames) };
+    let names = names.cast::<PyTuple>()?;
+    for (i, name) in names.iter().enumerate() {
+        let slot = interned.iter().position(|k| k.as_ptr() == name.as_ptr()).or_else(|| {
+            let name = name.cast::<PyString>().ok()?.to_cow().ok()?;
+            DLPACK_KEYWORDS.iter().position(|k| *k == name)
+        });
+        let Some(slot) = slot else {
+            return Err(PyTypeError::new_err(format!("__dlpack__() got an unexpected keyword argument {}", name.repr()?)));
+        };
+        // SAFETY: see above.
+        found[slot] = Some(unsafe { Borrowed::from_ptr(py, *args.add(nargs as usize + i)) });
+    }
+    Ok(found)
+}
+
+/// The C entry point of `Tensor.__dlpack__` (`METH_FASTCALL | METH_KEYWORDS`).
+unsafe extern "C" fn dlpack_fastcall(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargsf: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls methods with the GIL held.
+    let py = unsafe { Python::assume_attached() };
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> PyResult<Bound<'_, PyAny>> {
+        // SAFETY: a method descriptor of Tensor only calls this with a Tensor
+        // `self`; the arguments are those of this vectorcall.
+        let (slf, [stream, max_version, dl_device, copy]) = unsafe {
+            let slf = Borrowed::from_ptr(py, slf).cast_unchecked::<Tensor>().to_owned();
+            (slf, dlpack_keywords(py, args, nargsf, kwnames)?)
+        };
+        let [stream, max_version, dl_device, copy] = [stream, max_version, dl_device, copy].map(|b| b.map(|b| b.to_owned()));
+        let request = slf.get().parse_request(stream.as_ref(), max_version.as_ref(), dl_device.as_ref(), copy.as_ref())?;
+        if request.legacy {
+            into_capsule(py, Tensor::export::<DLManagedTensor>(&slf, &request)?)
+        } else {
+            into_capsule(py, Tensor::export::<DLManagedTensorVersioned>(&slf, &request)?)
+        }
+    }));
+    match outcome {
+        Ok(Ok(capsule)) => capsule.into_ptr(),
+        Ok(Err(err)) => {
+            err.restore(py);
+            core::ptr::null_mut()
+        }
+        Err(_) => {
+            pyo3::exceptions::PyRuntimeError::new_err("dlbridge panicked in __dlpack__").restore(py);
+            core::ptr::null_mut()
+        }
     }
 }
 
