@@ -151,3 +151,30 @@ def test_incompatible_major_falls_back_to_dlpack():
     assert dlbridge.from_dlpack(Future()).data_ptr == a.ctypes.data
     fake_keepalive = fake  # the table must outlive every lookup
     assert fake_keepalive.version.major == 2
+
+
+def test_torch_consumes_what_our_table_produces():
+    """torch's own consumer is Python code that never reads a foreign table, but it takes the owning
+    export our table makes (wrapped in a standard capsule) and the tensors our allocator makes."""
+    api = table(dlbridge.Tensor)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    src = dlbridge.from_dlpack(a)
+    out = ctypes.c_void_p()
+    assert FROM_PY(api.managed_tensor_from_py_object_no_sync)(src, ctypes.byref(out)) == 0
+    capsule = pythonapi.PyCapsule_New(out.value, b"dltensor_versioned", None)  # torch renames it and owns it
+    x = torch.from_dlpack(capsule)
+    assert x.data_ptr() == a.ctypes.data and x.tolist() == a.tolist()
+    x[0, 0] = 42.0
+    assert a[0, 0] == 42.0
+
+    shape = (ctypes.c_int64 * 1)(4)
+    proto = DLTensor(None, DLDevice(1, 0), 1, DLDataType(0, 64, 1), shape, None, 0)
+    on_error = SET_ERROR(lambda ctx, kind, msg: None)
+    assert ALLOCATOR(api.managed_tensor_allocator)(ctypes.byref(proto), ctypes.byref(out), None, on_error) == 0
+    obj = ctypes.c_void_p()
+    assert TO_PY(api.managed_tensor_to_py_object_no_sync)(out, ctypes.byref(obj)) == 0
+    t = ctypes.cast(obj, ctypes.py_object).value
+    pythonapi.Py_DecRef(obj)
+    y = torch.from_dlpack(t)
+    y += 7
+    assert t.tolist() == [7, 7, 7, 7] and y.dtype == torch.int64
