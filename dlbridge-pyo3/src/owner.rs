@@ -6,6 +6,22 @@ use core::ptr::NonNull;
 use pyo3::ffi;
 use pyo3::{Bound, PyAny};
 
+/// Runs `release` with the GIL taken (`PyGILState_Ensure` is reentrant), or not
+/// at all once the interpreter is no longer initialised: the reference is then
+/// leaked, the pattern NumPy's deleter uses.
+fn with_gil_unless_finalized(release: impl FnOnce()) {
+    // SAFETY: `Py_IsInitialized` may be called at any time; the GIL state calls
+    // pair up around `release`.
+    unsafe {
+        if ffi::Py_IsInitialized() == 0 {
+            return;
+        }
+        let gil = ffi::PyGILState_Ensure();
+        release();
+        ffi::PyGILState_Release(gil);
+    }
+}
+
 /// Keeps a Python object alive for as long as a tensor exported from it lives.
 ///
 /// Dropping it takes the GIL (`PyGILState_Ensure`, which is reentrant), and
@@ -34,16 +50,8 @@ impl PyOwner {
 
 impl Drop for PyOwner {
     fn drop(&mut self) {
-        // SAFETY: `Py_IsInitialized` may be called at any time. With the GIL
-        // taken, releasing our own strong reference is sound.
-        unsafe {
-            if ffi::Py_IsInitialized() == 0 {
-                return;
-            }
-            let gil = ffi::PyGILState_Ensure();
-            ffi::Py_DECREF(self.0.as_ptr());
-            ffi::PyGILState_Release(gil);
-        }
+        // SAFETY: with the GIL taken, releasing our own strong reference is sound.
+        with_gil_unless_finalized(|| unsafe { ffi::Py_DECREF(self.0.as_ptr()) });
     }
 }
 
@@ -69,15 +77,8 @@ impl BufferOwner {
 
 impl Drop for BufferOwner {
     fn drop(&mut self) {
-        // SAFETY: as for `PyOwner`; the view was filled by PyObject_GetBuffer and
-        // is released once.
-        unsafe {
-            if ffi::Py_IsInitialized() == 0 {
-                return;
-            }
-            let gil = ffi::PyGILState_Ensure();
-            ffi::PyBuffer_Release(&mut *self.0);
-            ffi::PyGILState_Release(gil);
-        }
+        // SAFETY: with the GIL taken; the view was filled by PyObject_GetBuffer
+        // and is released once.
+        with_gil_unless_finalized(|| unsafe { ffi::PyBuffer_Release(&mut *self.0) });
     }
 }

@@ -35,14 +35,18 @@ pub trait ManagedAbi: sealed::Sealed + Sized + 'static {
 
     /// The ABI version, or `None` for the legacy struct.
     fn version(&self) -> Option<DLPackVersion>;
+    /// The version, read through a raw pointer: only the stable prefix is
+    /// touched, so it is sound for a struct of any major version.
+    ///
+    /// # Safety
+    /// `ptr` must point at a live managed tensor.
+    unsafe fn read_version(ptr: NonNull<Self>) -> Option<DLPackVersion>;
     /// The flags; always 0 for the legacy struct.
     fn flags(&self) -> u64;
     /// The flags, for writing; `None` for the legacy struct, which has none.
     fn flags_mut(&mut self) -> Option<&mut u64>;
     /// The tensor. Read only after the version has been checked.
     fn dl_tensor(&self) -> &DLTensor;
-    /// The tensor, mutably.
-    fn dl_tensor_mut(&mut self) -> &mut DLTensor;
     /// Calls the deleter, if there is one.
     ///
     /// # Safety
@@ -55,6 +59,25 @@ pub trait ManagedAbi: sealed::Sealed + Sized + 'static {
         deleter: unsafe extern "C" fn(*mut Self),
         flags: u64,
     ) -> Self;
+}
+
+/// The items both ABIs implement alike: the tensor, and a deleter call that
+/// reads only the `deleter` field through the raw pointer.
+macro_rules! prefix_items {
+    () => {
+        fn dl_tensor(&self) -> &DLTensor {
+            &self.dl_tensor
+        }
+        unsafe fn delete(ptr: NonNull<Self>) {
+            // SAFETY: the caller passes an owned tensor; `deleter` is in the
+            // stable prefix, read by a place projection whatever the version.
+            unsafe {
+                if let Some(deleter) = (*ptr.as_ptr()).deleter {
+                    deleter(ptr.as_ptr());
+                }
+            }
+        }
+    };
 }
 
 impl ManagedAbi for DLManagedTensorVersioned {
@@ -70,21 +93,12 @@ impl ManagedAbi for DLManagedTensorVersioned {
     fn flags_mut(&mut self) -> Option<&mut u64> {
         Some(&mut self.flags)
     }
-    fn dl_tensor(&self) -> &DLTensor {
-        &self.dl_tensor
+    unsafe fn read_version(ptr: NonNull<Self>) -> Option<DLPackVersion> {
+        // SAFETY: a place projection through the raw pointer reads only the
+        // version field, which every major version keeps first.
+        Some(unsafe { (*ptr.as_ptr()).version })
     }
-    fn dl_tensor_mut(&mut self) -> &mut DLTensor {
-        &mut self.dl_tensor
-    }
-    unsafe fn delete(ptr: NonNull<Self>) {
-        // SAFETY: the caller passes an owned tensor; `deleter` is in the stable
-        // prefix, so it may be read whatever the version.
-        unsafe {
-            if let Some(deleter) = (*ptr.as_ptr()).deleter {
-                deleter(ptr.as_ptr());
-            }
-        }
-    }
+    prefix_items!();
     fn assemble(
         dl_tensor: DLTensor,
         manager_ctx: *mut core::ffi::c_void,
@@ -108,20 +122,10 @@ impl ManagedAbi for DLManagedTensor {
     fn flags_mut(&mut self) -> Option<&mut u64> {
         None
     }
-    fn dl_tensor(&self) -> &DLTensor {
-        &self.dl_tensor
+    unsafe fn read_version(_ptr: NonNull<Self>) -> Option<DLPackVersion> {
+        None
     }
-    fn dl_tensor_mut(&mut self) -> &mut DLTensor {
-        &mut self.dl_tensor
-    }
-    unsafe fn delete(ptr: NonNull<Self>) {
-        // SAFETY: the caller passes an owned tensor.
-        unsafe {
-            if let Some(deleter) = (*ptr.as_ptr()).deleter {
-                deleter(ptr.as_ptr());
-            }
-        }
-    }
+    prefix_items!();
     fn assemble(
         dl_tensor: DLTensor,
         manager_ctx: *mut core::ffi::c_void,
@@ -189,14 +193,15 @@ impl<M: ManagedAbi> Managed<M> {
     #[allow(clippy::type_complexity)]
     pub unsafe fn try_from_raw(ptr: *mut M) -> Result<Self, (Error, Option<NonNull<M>>)> {
         let ptr = NonNull::new(ptr).ok_or((Error::NullPointer, None))?;
-        // SAFETY: the caller guarantees a live managed tensor. Only the stable
-        // prefix is read before the version check.
-        let managed: &'static M = unsafe { &*ptr.as_ptr() };
-        if let Some(version) = managed.version() {
+        // SAFETY: the caller guarantees a live managed tensor; only the version
+        // is read before it is checked.
+        if let Some(version) = unsafe { M::read_version(ptr) } {
             if version.major != DLPACK_MAJOR_VERSION {
                 return Err((Error::UnsupportedVersion { major: version.major, minor: version.minor }, Some(ptr)));
             }
         }
+        // SAFETY: the version matches, so the whole struct has the layout we know.
+        let managed: &'static M = unsafe { &*ptr.as_ptr() };
         let padded = managed.flags() & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED != 0;
         // SAFETY: the version matches, so `dl_tensor` has the layout we know; the
         // caller guarantees its pointers. The 'static borrow is confined to

@@ -7,6 +7,7 @@ import sys
 import threading
 
 import numpy as np
+import pytest
 import torch
 
 import dlbridge
@@ -28,26 +29,17 @@ def round_trips(make, back, n):
         assert y.shape[0] == 4
 
 
-def test_200k_numpy_round_trips_do_not_leak():
-    a = np.ones((4, 4), dtype=np.float32)
-    round_trips(lambda: a, np.from_dlpack, 5_000)  # warm-up: allocator pools, caches
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_200k_round_trips_do_not_leak(library):
+    source = np.ones((4, 4), dtype=np.float32) if library == "numpy" else torch.ones((4, 4))
+    back = np.from_dlpack if library == "numpy" else torch.from_dlpack
+    round_trips(lambda: source, back, 5_000)  # warm-up: allocator pools, caches
     gc.collect()
     before = rss_mb()
-    round_trips(lambda: a, np.from_dlpack, 200_000)
+    round_trips(lambda: source, back, 200_000)
     gc.collect()
     growth = rss_mb() - before
-    assert growth < 20, f"RSS grew {growth:.1f} MB over 200k round trips"
-
-
-def test_200k_torch_round_trips_do_not_leak():
-    x = torch.ones((4, 4))
-    round_trips(lambda: x, torch.from_dlpack, 5_000)
-    gc.collect()
-    before = rss_mb()
-    round_trips(lambda: x, torch.from_dlpack, 200_000)
-    gc.collect()
-    growth = rss_mb() - before
-    assert growth < 20, f"RSS grew {growth:.1f} MB over 200k round trips"
+    assert growth < 20, f"RSS grew {growth:.1f} MB over 200k {library} round trips"
 
 
 def test_8_threads_x_5000_round_trips():
