@@ -85,6 +85,8 @@ def make(producer, a):
     if producer == "tvm_ffi":
         import tvm_ffi
 
+        if a.dtype.name in ML_DTYPES and "torch" in available():
+            return tvm_ffi.from_dlpack(make("torch", a))  # NumPy cannot export these dtypes
         return tvm_ffi.from_dlpack(a)
     if producer == "tensorflow":
         import tensorflow as tf
@@ -204,7 +206,13 @@ def cell(producer, consumer, case):
         return f"{where}{type(exc).__name__}: {message}"
 
 
+_AVAILABLE = None
+
+
 def available():
+    global _AVAILABLE
+    if _AVAILABLE is not None:
+        return _AVAILABLE
     found = []
     for name in LIBRARIES:
         try:
@@ -212,6 +220,7 @@ def available():
             found.append(name)
         except Exception:
             pass
+    _AVAILABLE = found
     return found
 
 
