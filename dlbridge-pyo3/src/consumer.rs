@@ -134,12 +134,18 @@ fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
 /// Calls `__dlpack__` with the array-API negotiation and returns its capsule.
 fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptions) -> PyResult<Bound<'py, PyAny>> {
     let py = obj.py();
-    let capsule = match call_dlpack_versioned(obj, options) {
+    let mut attempt = call_dlpack_versioned(obj, options);
+    if options != ImportOptions::default() && matches!(&attempt, Err(err) if err.is_instance_of::<PyTypeError>(py)) {
+        // A producer that knows max_version but not the newer dl_device/copy:
+        // ask again without them; `finish` applies them afterwards.
+        attempt = call_dlpack_versioned(obj, ImportOptions::default());
+    }
+    let capsule = match attempt {
         Ok(capsule) => capsule,
         Err(err) if err.is_instance_of::<PyTypeError>(py) => {
-            // A producer that predates max_version (or dl_device/copy): retry with
-            // no keywords. Early-draft producers land here too and return their
-            // legacy capsule, the only ABI of the draft whose layout is certain.
+            // A producer that predates max_version: retry with no keywords.
+            // Early-draft producers land here too and return their legacy
+            // capsule, the only ABI of the draft whose layout is certain.
             obj.call_method0(intern!(py, "__dlpack__")).map_err(|retry_err| {
                 if retry_err.is_instance_of::<PyAttributeError>(py) && !has_dlpack(obj) {
                     no_dlpack(obj)

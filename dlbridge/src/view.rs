@@ -170,7 +170,10 @@ impl<'a> TensorView<'a> {
         let strides = if ndim == 0 {
             Strides::Given(RawSlice::EMPTY)
         } else if tensor.strides.is_null() {
-            Strides::Computed(Box::default())
+            // Row-major, as producers before DLPack 1.2 meant by NULL. The strides of
+            // an empty tensor may overflow; they are never used, so zeros stand in.
+            let computed = row_major_strides(shape).unwrap_or_else(|| vec![0; ndim]);
+            Strides::Computed(computed.into_boxed_slice())
         } else {
             // SAFETY: as for `shape`.
             Strides::Given(RawSlice::new(unsafe { core::slice::from_raw_parts(tensor.strides, ndim) }))
@@ -179,8 +182,7 @@ impl<'a> TensorView<'a> {
         unsafe { Self::from_parts(tensor.data, tensor.byte_offset, shape, strides, tensor.dtype, tensor.device, padded) }
     }
 
-    /// The common tail of validation; `Strides::Computed` with an empty box means
-    /// "NULL, compute row-major".
+    /// The common tail of validation.
     unsafe fn from_parts(
         data: *mut c_void,
         byte_offset: u64,
@@ -192,16 +194,6 @@ impl<'a> TensorView<'a> {
     ) -> Result<Self, Error> {
         dtype.validate()?;
         let numel = element_count(shape)?;
-        let strides = match strides {
-            Strides::Computed(s) if s.len() != shape.len() => {
-                // Cannot overflow: every partial product is at most the element
-                // count, or the count is 0 and extents of 0 are replaced by 1 ...
-                // which may overflow, so fall back to zeros for empty tensors.
-                let computed = row_major_strides(shape).unwrap_or_else(|| vec![0; shape.len()]);
-                Strides::Computed(computed.into_boxed_slice())
-            }
-            other => other,
-        };
         let strides_slice: &[i64] = match &strides {
             // SAFETY: checked readable by the caller for 'a.
             Strides::Given(raw) => unsafe { raw.get() },
@@ -280,7 +272,7 @@ impl<'a> TensorView<'a> {
 
     /// Whether the producer sent NULL strides, which were then computed.
     pub fn strides_were_null(&self) -> bool {
-        matches!(self.strides, Strides::Computed(_)) && self.shape.len > 0
+        matches!(self.strides, Strides::Computed(_))
     }
 
     /// Number of dimensions.

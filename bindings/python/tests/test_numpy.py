@@ -286,6 +286,27 @@ def test_producer_without_keywords_and_early_draft_producer():
     assert t.data_ptr != a.ctypes.data
 
 
+def test_producer_with_max_version_but_no_copy_keyword_still_gives_versioned():
+    """The keyword ladder drops dl_device/copy before max_version, so the capsule stays versioned."""
+    seen = []
+
+    class Midway:
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, *, stream=None, max_version=None):
+            seen.append(max_version)
+            return self.a.__dlpack__(max_version=max_version)
+
+    a = np.arange(3.0)
+    a.flags.writeable = False
+    t = dlbridge.from_dlpack(Midway(a), copy=False)
+    assert t.readonly, "a versioned capsule carried READ_ONLY"
+    assert seen == [(1, 3)]
+    c = dlbridge.from_dlpack(Midway(a), copy=True)
+    assert c.data_ptr != a.ctypes.data and not c.readonly
+
+
 def test_producer_errors_propagate():
     class Raising:
         def __dlpack__(self, **kw):
