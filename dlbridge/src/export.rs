@@ -186,12 +186,23 @@ fn write_block<M: ManagedAbi, O: Send + 'static>(
     raw.cast()
 }
 
-/// Checks that `shape`/`strides` stay inside a buffer of `len` elements, and
-/// returns the index of element 0 (so that the lowest element reached is index 0).
-fn place_in_buffer(shape: &[i64], strides: Option<&[i64]>, len: usize) -> Result<usize, Error> {
+/// Where a layout sits in a slice: the index of element 0, the element count,
+/// and the element extent `lo..=hi` relative to element 0.
+pub(crate) struct Placement {
+    pub(crate) first: usize,
+    pub(crate) numel: usize,
+    pub(crate) lo: i64,
+    pub(crate) hi: i64,
+}
+
+/// The extent of a layout: the element count and `lo..=hi` relative to element 0.
+pub(crate) fn extent_of(shape: &[i64], strides: Option<&[i64]>) -> Result<Placement, Error> {
+    if shape.len() > MAX_NDIM {
+        return Err(Error::NdimOutOfRange { ndim: shape.len() as i64, max: MAX_NDIM });
+    }
     let numel = element_count(shape)?;
     if numel == 0 {
-        return Ok(0);
+        return Ok(Placement { first: 0, numel, lo: 0, hi: 0 });
     }
     let (lo, hi) = match strides {
         None => (0, numel as i64 - 1),
@@ -203,14 +214,48 @@ fn place_in_buffer(shape: &[i64], strides: Option<&[i64]>, len: usize) -> Result
                 .ok_or_else(|| Error::ExtentOverflow { shape: shape.to_vec(), strides: strides.to_vec(), byte_offset: 0 })?
         }
     };
-    // `first + hi` is the highest index reached: it must be below `len`.
-    let first = -lo;
-    let highest = first.checked_add(hi).filter(|&h| (h as u64) < len as u64);
-    if highest.is_none() {
-        let reach = first.saturating_add(hi);
-        return Err(Error::OutOfBounds { lowest: 0, highest: reach, len });
+    Ok(Placement { first: 0, numel, lo, hi })
+}
+
+/// Checks that `shape`/`strides` stay inside a buffer of `len` elements, and
+/// places element 0 so that the lowest element reached is index 0.
+fn place_in_buffer(shape: &[i64], strides: Option<&[i64]>, len: usize) -> Result<Placement, Error> {
+    let mut place = extent_of(shape, strides)?;
+    if place.numel == 0 {
+        return Ok(place);
     }
-    Ok(first as usize)
+    // `first + hi` is the highest index reached: it must be below `len`.
+    let first = -place.lo;
+    if first.checked_add(place.hi).filter(|&h| (h as u64) < len as u64).is_none() {
+        return Err(Error::OutOfBounds { lowest: 0, highest: first.saturating_add(place.hi), len });
+    }
+    place.first = first as usize;
+    Ok(place)
+}
+
+/// Exports a layout already proven to lie inside a live allocation of `T`s,
+/// building its view from that proof instead of validating it again.
+///
+/// # Safety
+/// Every element `place` reaches from `element0` must lie in an allocation that
+/// `owner` keeps alive and in place, writable unless `flags` has READ_ONLY.
+pub(crate) unsafe fn export_placed<M: ManagedAbi, O: Send + 'static, T: Element>(
+    owner: O,
+    element0: *mut T,
+    shape: &[i64],
+    strides: Option<&[i64]>,
+    place: &Placement,
+    flags: u64,
+) -> Managed<M> {
+    let layout = RawLayout { dtype: T::DTYPE, device: Device::CPU, shape, strides, byte_offset: 0 };
+    let block: NonNull<M> = write_block(owner, element0.cast(), layout, place.numel, flags);
+    let size = core::mem::size_of::<T>() as isize;
+    // SAFETY: the block was just written with this layout; the extent lies in a
+    // live Rust allocation (the caller's proof), so it fits the address space.
+    unsafe {
+        let view = TensorView::in_bounds(block.as_ref().dl_tensor(), place.numel, place.lo as isize * size, (place.hi as isize + 1) * size);
+        Managed::from_validated(block, view)
+    }
 }
 
 fn export_slice<M: ManagedAbi, O: Send + 'static, T: Element>(
@@ -221,13 +266,12 @@ fn export_slice<M: ManagedAbi, O: Send + 'static, T: Element>(
     strides: Option<&[i64]>,
     flags: u64,
 ) -> Result<Managed<M>, Error> {
-    let first = place_in_buffer(shape, strides, len)?;
-    let layout = RawLayout { dtype: T::DTYPE, device: Device::CPU, shape, strides, byte_offset: 0 };
-    // SAFETY: `first` and every element the layout reaches from it lie within
-    // the `len` elements at `base` (checked above), which `owner` keeps alive and
-    // in place: the owner derefs to them and a heap slice does not move when its
-    // owner does.
-    unsafe { export_raw(owner, base.wrapping_add(first).cast(), layout, flags) }
+    let place = place_in_buffer(shape, strides, len)?;
+    // SAFETY: element `first` and every element the layout reaches from it lie
+    // within the `len` elements at `base` (checked above), which `owner` keeps
+    // alive and in place: the owner derefs to them, and a heap slice does not
+    // move when its owner does.
+    Ok(unsafe { export_placed(owner, base.wrapping_add(place.first), shape, strides, &place, flags) })
 }
 
 impl<M: ManagedAbi> Managed<M> {
@@ -374,6 +418,26 @@ mod tests {
         assert_eq!(again.view().byte_range(), range);
         assert_eq!(again.view().byte_range(), src.view().byte_range());
         assert_eq!(again.view().as_ptr(), src.view().as_ptr());
+    }
+
+    proptest::proptest! {
+        /// Safe exports build their view from the bounds check instead of the
+        /// validator; it must be the view the validator computes from scratch.
+        #[test]
+        fn exported_view_equals_a_fresh_validation(
+            dims in proptest::collection::vec((0i64..4, -5i64..6), 0..4),
+        ) {
+            let shape: Vec<i64> = dims.iter().map(|d| d.0).collect();
+            let strides: Vec<i64> = dims.iter().map(|d| d.1).collect();
+            let Ok(t) = ManagedTensor::from_owner_mut(vec![0u16; 512], &shape, Some(&strides)) else { return Ok(()) };
+            let (range, ptr, len) = (t.view().byte_range(), t.view().as_ptr(), t.view().len());
+            // SAFETY: an owned tensor from `into_raw`, validated again from scratch.
+            let again = unsafe { ManagedTensor::from_raw(t.into_raw()) }.unwrap();
+            proptest::prop_assert_eq!(again.view().byte_range(), range);
+            proptest::prop_assert_eq!(again.view().as_ptr(), ptr);
+            proptest::prop_assert_eq!(again.view().len(), len);
+            proptest::prop_assert_eq!(again.view().strides(), &strides[..]);
+        }
     }
 
     #[test]

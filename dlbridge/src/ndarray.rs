@@ -9,11 +9,10 @@ use ndarray::{ArcArray, Array, ArrayView, ArrayViewMut, Axis, Dimension, IxDyn, 
 
 use crate::dtype::Element;
 use crate::error::Error;
-use crate::export::{export_raw, RawLayout};
+use crate::export::{export_placed, extent_of};
 use crate::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
 use crate::managed::{Managed, ManagedAbi};
 use crate::view::{TensorView, TensorViewMut};
-use crate::Device;
 
 /// Calls `f` with `n` values made by `make`, on the stack for up to 8 of them
 /// (every common rank), so that hot paths do not allocate.
@@ -176,9 +175,10 @@ where
         dims[ndim + i] = s as i64;
     }
     let (shape, strides) = dims.split_at(ndim);
-    let layout = RawLayout { dtype: A::DTYPE, device: Device::CPU, shape, strides: Some(strides), byte_offset: 0 };
-    // SAFETY: forwarded from the caller; the layout is the array's own.
-    unsafe { export_raw(array, data, layout, flags) }
+    let place = extent_of(shape, Some(strides))?;
+    // SAFETY: forwarded from the caller; the layout is the array's own, so every
+    // element it reaches from `data` is in the array's buffer.
+    Ok(unsafe { export_placed(array, data.cast::<A>(), shape, Some(strides), &place, flags) })
 }
 
 #[cfg(test)]

@@ -233,6 +233,30 @@ impl<'a> TensorView<'a> {
         })
     }
 
+    /// The view of a tensor whose bytes `lo..hi` (relative to element 0) are
+    /// known to lie in a live allocation, without validating it again.
+    ///
+    /// # Safety
+    /// `tensor` must be well formed (valid dtype, shape and strides for its
+    /// ndim), with `numel` elements reaching exactly `lo..hi`, and its shape and
+    /// strides arrays must outlive the result.
+    pub(crate) unsafe fn in_bounds(tensor: &DLTensor, numel: usize, lo: isize, hi: isize) -> TensorView<'static> {
+        let ndim = tensor.ndim as usize;
+        let raw = |ptr: *const i64| if ndim == 0 { RawSlice::EMPTY } else { RawSlice { ptr, len: ndim } };
+        TensorView {
+            ptr: (tensor.data as *const u8).wrapping_add(tensor.byte_offset as usize),
+            shape: raw(tensor.shape),
+            strides: Strides::Given(raw(tensor.strides)),
+            dtype: tensor.dtype,
+            device: tensor.device,
+            numel,
+            lo: if numel == 0 { 0 } else { lo },
+            hi: if numel == 0 { 0 } else { hi },
+            padded: false,
+            _data: PhantomData,
+        }
+    }
+
     /// The same view, reading shape and strides from copies at `shape` and
     /// `strides` (NULL for 0-d), as seen on `device`.
     ///
