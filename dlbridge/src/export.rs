@@ -420,26 +420,6 @@ mod tests {
         assert_eq!(again.view().as_ptr(), src.view().as_ptr());
     }
 
-    proptest::proptest! {
-        /// Safe exports build their view from the bounds check instead of the
-        /// validator; it must be the view the validator computes from scratch.
-        #[test]
-        fn exported_view_equals_a_fresh_validation(
-            dims in proptest::collection::vec((0i64..4, -5i64..6), 0..4),
-        ) {
-            let shape: Vec<i64> = dims.iter().map(|d| d.0).collect();
-            let strides: Vec<i64> = dims.iter().map(|d| d.1).collect();
-            let Ok(t) = ManagedTensor::from_owner_mut(vec![0u16; 512], &shape, Some(&strides)) else { return Ok(()) };
-            let (range, ptr, len) = (t.view().byte_range(), t.view().as_ptr(), t.view().len());
-            // SAFETY: an owned tensor from `into_raw`, validated again from scratch.
-            let again = unsafe { ManagedTensor::from_raw(t.into_raw()) }.unwrap();
-            proptest::prop_assert_eq!(again.view().byte_range(), range);
-            proptest::prop_assert_eq!(again.view().as_ptr(), ptr);
-            proptest::prop_assert_eq!(again.view().len(), len);
-            proptest::prop_assert_eq!(again.view().strides(), &strides[..]);
-        }
-    }
-
     #[test]
     fn block_is_one_allocation_per_ndim() {
         let (small, _) = block_layout::<DLManagedTensorVersioned, Vec<u8>>(0);

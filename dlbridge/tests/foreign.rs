@@ -298,6 +298,22 @@ proptest! {
         }
     }
 
+    /// Safe exports build their view from their own bounds check instead of the
+    /// validator; it must be the view the validator computes from scratch.
+    #[test]
+    fn exported_view_equals_a_fresh_validation(dims in prop::collection::vec((0i64..4, -5i64..6), 0..4)) {
+        let shape: Vec<i64> = dims.iter().map(|d| d.0).collect();
+        let strides: Vec<i64> = dims.iter().map(|d| d.1).collect();
+        let Ok(t) = ManagedTensor::from_owner_mut(vec![0u16; 512], &shape, Some(&strides)) else { return Ok(()) };
+        let (range, ptr, len) = (t.view().byte_range(), t.view().as_ptr(), t.view().len());
+        // SAFETY: an owned tensor from `into_raw`, validated again from scratch.
+        let again = unsafe { ManagedTensor::from_raw(t.into_raw()) }.unwrap();
+        prop_assert_eq!(again.view().byte_range(), range);
+        prop_assert_eq!(again.view().as_ptr(), ptr);
+        prop_assert_eq!(again.view().len(), len);
+        prop_assert_eq!(again.view().strides(), &strides[..]);
+    }
+
     /// Arbitrary metadata never panics the validator.
     #[test]
     fn arbitrary_metadata_never_panics(
