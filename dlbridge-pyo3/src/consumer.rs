@@ -366,9 +366,11 @@ pub fn from_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<A
         }
     }
     let capsule = match request_capsule(obj, options) {
-        // A producer that cannot copy (tvm-ffi says "copy not yet supported")
-        // still gets the caller a copy: import it as it is, then copy here.
-        Err(err) if options.copy == Some(true) && err.is_instance_of::<PyBufferError>(obj.py()) => {
+        // A producer that cannot copy still gets the caller a copy: import the
+        // tensor as it is, then copy here. tvm-ffi refuses with BufferError,
+        // TensorFlow with RuntimeError; if the plain import fails too, the
+        // producer's first answer is the one reported.
+        Err(err) if options.copy == Some(true) => {
             request_capsule(obj, ImportOptions { copy: None, ..options }).map_err(|_| err)?
         }
         other => other?,

@@ -307,6 +307,31 @@ def test_producer_with_max_version_but_no_copy_keyword_still_gives_versioned():
     assert c.data_ptr != a.ctypes.data and not c.readonly
 
 
+def test_copy_true_from_a_producer_that_cannot_copy():
+    """TensorFlow refuses copy=True with RuntimeError, tvm-ffi with BufferError: dlbridge copies itself."""
+
+    class NoCopy:
+        def __init__(self, a, exc):
+            self.a, self.exc = a, exc
+
+        def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+            if copy:
+                raise self.exc("this producer cannot copy")
+            return self.a.__dlpack__(max_version=max_version)
+
+    a = np.arange(4.0)
+    for exc in (RuntimeError, BufferError):
+        t = dlbridge.from_dlpack(NoCopy(a, exc), copy=True)
+        assert t.data_ptr != a.ctypes.data and t.tolist() == a.tolist()
+
+    class Broken:
+        def __dlpack__(self, **kw):
+            raise RuntimeError("broken producer")
+
+    with pytest.raises(RuntimeError, match="broken producer"):
+        dlbridge.from_dlpack(Broken(), copy=True)
+
+
 def test_producer_errors_propagate():
     class Raising:
         def __dlpack__(self, **kw):
