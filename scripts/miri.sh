@@ -4,8 +4,10 @@
 # proptest cases are reduced under Miri (it is ~1000x slower); the properties are the same.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-CACHE="${DLBRIDGE_CACHE:-$HOME/.cache/dlbridge}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
+# A target folder of this checkout's own: cargo-miri records each test binary as
+# an invocation naming the checkout it was built in, so a folder shared between
+# checkouts would run another checkout's (stale) sources.
+export CARGO_TARGET_DIR="$ROOT/target/miri"
 
 if ! rustup toolchain list | grep -q '^nightly'; then
     echo "miri.sh: installing the nightly toolchain" >&2
