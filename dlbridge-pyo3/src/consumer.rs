@@ -8,7 +8,7 @@
 
 use core::ffi::c_void;
 
-use dlbridge::export::{export_raw, export_view, RawLayout};
+use dlbridge::export::{export_raw, RawLayout};
 use dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
 use dlbridge::ffi::DLTensor;
 use dlbridge::{to_contiguous, DataType, DataTypeCode, Device, DeviceType, ManagedTensor, TensorView, TensorViewMut};
@@ -190,15 +190,10 @@ fn finish(managed: AnyManaged, options: ImportOptions) -> PyResult<AnyManaged> {
     }
 }
 
-/// A new tensor sharing the memory of one of our own `Tensor` objects.
+/// A new tensor sharing the memory of one of our own `Tensor` objects, exported
+/// as `__dlpack__` would (flags included) but without a capsule.
 fn share_tensor(tensor: &Bound<'_, Tensor>) -> PyResult<AnyManaged> {
-    let inner = tensor.get();
-    let view = inner.view();
-    let flags = if inner.readonly() { DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
-    // SAFETY: the memory is the tensor's own, valid for its validated layout for
-    // as long as the tensor object lives, which the owner guarantees.
-    let shared: ManagedTensor = unsafe { export_view(PyOwner::new(tensor.as_any()), view, view.device(), flags) };
-    Ok(AnyManaged::Versioned(shared))
+    Tensor::export_versioned(tensor).map(AnyManaged::Versioned)
 }
 
 /// NumPy's public array struct (`PyArrayObject_fields`), up to `flags`; these

@@ -295,7 +295,7 @@ pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, api: &DLPackExchangeAPI) -> P
     }
     // SAFETY: an owning export we now own; `from_raw` validates it and deletes it on error.
     let managed = unsafe { ManagedTensor::from_raw(out) }.map_err(to_py_err)?;
-    if matches!(managed.view().device().device_type, DeviceType::CUDA | DeviceType::ROCM | DeviceType::CUDA_MANAGED) {
+    if managed.view().device().device_type.has_streams() {
         return Ok(None);
     }
     Ok(Some(managed))

@@ -90,16 +90,11 @@ fn parse_copy(copy: Option<&Bound<'_, PyAny>>) -> PyResult<Option<bool>> {
     }
 }
 
-/// Devices on which DLPack streams mean something.
-fn has_streams(device: DeviceType) -> bool {
-    matches!(device, DeviceType::CUDA | DeviceType::CUDA_MANAGED | DeviceType::ROCM)
-}
-
 /// Checks `stream` against the spec's rules for the device. No work is pending
 /// on any stream for a dlbridge tensor, so a valid stream needs no synchronisation.
 fn check_stream(stream: Option<&Bound<'_, PyAny>>, device: Device) -> PyResult<()> {
     let Some(stream) = stream.filter(|s| !s.is_none()) else { return Ok(()) };
-    if !has_streams(device.device_type) {
+    if !device.device_type.has_streams() {
         return Err(PyValueError::new_err(format!(
             "stream must be None for a tensor on {device}, which has no streams; got {stream}"
         )));
@@ -533,11 +528,9 @@ unsafe extern "C" fn dlpack_fastcall(
         // SAFETY: a method descriptor of Tensor only calls this with a Tensor
         // `self`; the arguments are those of this vectorcall.
         let (slf, [stream, max_version, dl_device, copy]) = unsafe {
-            let slf = Borrowed::from_ptr(py, slf).cast_unchecked::<Tensor>().to_owned();
-            (slf, dlpack_keywords(py, args, nargsf, kwnames)?)
+            (Borrowed::from_ptr(py, slf).cast_unchecked::<Tensor>(), dlpack_keywords(py, args, nargsf, kwnames)?)
         };
-        let [stream, max_version, dl_device, copy] = [stream, max_version, dl_device, copy].map(|b| b.map(|b| b.to_owned()));
-        let request = slf.get().parse_request(stream.as_ref(), max_version.as_ref(), dl_device.as_ref(), copy.as_ref())?;
+        let request = slf.get().parse_request(stream.as_deref(), max_version.as_deref(), dl_device.as_deref(), copy.as_deref())?;
         if request.legacy {
             into_capsule(py, Tensor::export::<DLManagedTensor>(&slf, &request)?)
         } else {

@@ -71,6 +71,12 @@ impl DeviceType {
         (0..=18).map(Self).find(|t| t.name() == Some(name))
     }
 
+    /// Whether work on this memory is ordered by streams, so that DLPack's
+    /// `stream` argument means something: CUDA, CUDA managed and ROCm.
+    pub const fn has_streams(self) -> bool {
+        matches!(self, Self::CUDA | Self::CUDA_MANAGED | Self::ROCM)
+    }
+
     /// Whether ordinary CPU loads and stores may touch this memory: host, pinned
     /// host (CUDA and ROCm) and CUDA managed memory.
     pub const fn is_cpu_accessible(self) -> bool {
@@ -153,6 +159,12 @@ mod tests {
         for t in [DeviceType::CUDA, DeviceType::ROCM, DeviceType::METAL, DeviceType(5), DeviceType(-7)] {
             assert!(!t.is_cpu_accessible(), "{t}");
         }
+    }
+
+    #[test]
+    fn streams_belong_to_cuda_and_rocm_memory() {
+        let with: Vec<DeviceType> = (0..=20).map(DeviceType).filter(|t| t.has_streams()).collect();
+        assert_eq!(with, [DeviceType::CUDA, DeviceType::ROCM, DeviceType::CUDA_MANAGED]);
     }
 
     #[test]

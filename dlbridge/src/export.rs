@@ -15,7 +15,7 @@ use crate::dtype::{DataType, Element};
 use crate::error::Error;
 use crate::ffi::{DLTensor, DLPACK_FLAG_BITMASK_READ_ONLY};
 use crate::managed::{Managed, ManagedAbi};
-use crate::view::{element_count, element_extent, TensorView, MAX_NDIM};
+use crate::view::{element_count, element_extent, row_major_strides_into, TensorView, MAX_NDIM};
 use crate::Device;
 
 /// Where a raw export's elements are: the parts of a `DLTensor` other than the pointers.
@@ -154,13 +154,9 @@ fn write_block<M: ManagedAbi, O: Send + 'static>(
             match layout.strides {
                 Some(s) => core::ptr::copy_nonoverlapping(s.as_ptr(), strides, ndim),
                 None => {
-                    // Cannot overflow when the element count fits; empty
-                    // tensors may saturate, and their strides are never used.
-                    let mut acc: i64 = 1;
-                    for axis in (0..ndim).rev() {
-                        strides.add(axis).write(acc);
-                        acc = acc.saturating_mul(layout.shape[axis].max(1));
-                    }
+                    // Saturated strides can only belong to an empty tensor,
+                    // where they are never used.
+                    row_major_strides_into(layout.shape, |axis, stride| strides.add(axis).write(stride));
                 }
             }
             (dims, strides)

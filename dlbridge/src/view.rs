@@ -87,16 +87,19 @@ unsafe impl Send for TensorView<'_> {}
 // SAFETY: as above; no method mutates through `&self`.
 unsafe impl Sync for TensorView<'_> {}
 
-/// Row-major strides for `shape`; `None` only if they overflow, which cannot
-/// happen when the element count fits.
-pub(crate) fn row_major_strides(shape: &[i64]) -> Option<Vec<i64>> {
-    let mut strides = vec![0i64; shape.len()];
-    let mut acc: i64 = 1;
-    for (stride, &dim) in strides.iter_mut().zip(shape).rev() {
-        *stride = acc;
-        acc = acc.checked_mul(dim.max(1))?;
+/// Hands `put(axis, stride)` the row-major strides of `shape`, last axis first,
+/// saturating on overflow. Returns false if they overflowed, which only an
+/// empty tensor can do (every partial product of a non-empty one is at most its
+/// element count); such strides are never used.
+pub(crate) fn row_major_strides_into(shape: &[i64], mut put: impl FnMut(usize, i64)) -> bool {
+    let (mut acc, mut exact) = (1i64, true);
+    for (axis, &dim) in shape.iter().enumerate().rev() {
+        put(axis, acc);
+        let next = acc.checked_mul(dim.max(1));
+        exact &= next.is_some();
+        acc = next.unwrap_or(i64::MAX);
     }
-    Some(strides)
+    exact
 }
 
 /// The element count of `shape`, checked against `i64` and `usize`.
@@ -172,8 +175,11 @@ impl<'a> TensorView<'a> {
         } else if tensor.strides.is_null() {
             // Row-major, as producers before DLPack 1.2 meant by NULL. The strides of
             // an empty tensor may overflow; they are never used, so zeros stand in.
-            let computed = row_major_strides(shape).unwrap_or_else(|| vec![0; ndim]);
-            Strides::Computed(computed.into_boxed_slice())
+            let mut computed = vec![0i64; ndim].into_boxed_slice();
+            if !row_major_strides_into(shape, |axis, stride| computed[axis] = stride) {
+                computed.fill(0);
+            }
+            Strides::Computed(computed)
         } else {
             // SAFETY: as for `shape`.
             Strides::Given(RawSlice::new(unsafe { core::slice::from_raw_parts(tensor.strides, ndim) }))
