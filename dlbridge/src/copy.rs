@@ -10,7 +10,8 @@ use core::alloc::Layout;
 use core::ptr::NonNull;
 
 use crate::error::Error;
-use crate::managed::{Managed, ManagedAbi};
+use crate::owned::{Owned, ManagedAbi};
+use crate::ffi::DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
 use crate::view::TensorView;
 use crate::{export, DataType, Device};
 
@@ -63,7 +64,7 @@ impl AlignedBuffer {
         let layout = Self::layout(len);
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { if zeroed { std::alloc::alloc_zeroed(layout) } else { std::alloc::alloc(layout) } };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let ptr = NonNull::new(raw).ok_or(Error::AllocationFailed { bytes: len })?;
         Self::advise_huge_pages(ptr, len);
         Ok(AlignedBuffer { ptr, len })
     }
@@ -86,19 +87,32 @@ impl AlignedBuffer {
     }
 
     /// Exports the buffer as a writable tensor of `dtype` and `shape`, row-major.
-    pub fn into_tensor<M: ManagedAbi>(mut self, dtype: DataType, shape: &[i64]) -> Result<Managed<M>, Error> {
+    pub fn into_tensor<M: ManagedAbi>(self, dtype: DataType, shape: &[i64]) -> Result<Owned<M>, Error> {
+        self.into_tensor_padded(dtype, shape, false)
+    }
+
+    /// As [`into_tensor`](Self::into_tensor); `padded` stores a sub-byte dtype
+    /// one element per byte and sets `IS_SUBBYTE_TYPE_PADDED`, which only a
+    /// versioned tensor can carry.
+    fn into_tensor_padded<M: ManagedAbi>(mut self, dtype: DataType, shape: &[i64], padded: bool) -> Result<Owned<M>, Error> {
+        let padded = padded && dtype.is_sub_byte();
+        if padded && !M::VERSIONED {
+            return Err(Error::UnsupportedDtype { dtype, operation: "a legacy tensor, which cannot flag padding," });
+        }
         let numel = crate::view::element_count(shape)?;
         let needed = dtype
-            .storage_bytes(numel as u64, false)
+            .storage_bytes(numel as u64, padded)
             .ok_or_else(|| Error::SizeOverflow { shape: shape.to_vec() })?;
         if needed > self.len as u64 {
             return Err(Error::OutOfBounds { lowest: 0, highest: numel as i64 - 1, len: self.len });
         }
         let data = self.as_mut_slice().as_mut_ptr().cast();
         let layout = export::RawLayout { dtype, device: Device::CPU, shape, strides: None, byte_offset: 0 };
+        let flags = if padded { DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED } else { 0 };
         // SAFETY: a row-major layout of `numel` elements needs `needed` bytes,
-        // which the buffer holds; the buffer is the owner and does not move.
-        unsafe { export::export_raw(self, data, layout, 0) }
+        // which the buffer holds; the buffer is the owner, and its heap memory
+        // does not move with it.
+        unsafe { export::export_raw(self, data, layout, flags) }
     }
 }
 
@@ -110,7 +124,7 @@ impl Drop for AlignedBuffer {
 }
 
 /// A zero-filled, writable, row-major CPU tensor of `dtype` and `shape`.
-pub fn zeros<M: ManagedAbi>(dtype: DataType, shape: &[i64]) -> Result<Managed<M>, Error> {
+pub fn zeros<M: ManagedAbi>(dtype: DataType, shape: &[i64]) -> Result<Owned<M>, Error> {
     dtype.validate()?;
     let numel = crate::view::element_count(shape)?;
     let bytes = dtype
@@ -120,13 +134,18 @@ pub fn zeros<M: ManagedAbi>(dtype: DataType, shape: &[i64]) -> Result<Managed<M>
     AlignedBuffer::zeroed(bytes)?.into_tensor(dtype, shape)
 }
 
-/// An owned, C-contiguous copy of `view`, with IS_COPIED set on versioned tensors.
+/// An owned, C-contiguous copy of `view`, with IS_COPIED set on versioned
+/// tensors. A padded sub-byte view stays padded (and says so).
 ///
 /// Packed sub-byte dtypes are copied only when the source is already
 /// contiguous; a strided packed layout is refused.
-pub fn to_contiguous<M: ManagedAbi>(view: &TensorView<'_>) -> Result<Managed<M>, Error> {
+pub fn to_contiguous<M: ManagedAbi>(view: &TensorView<'_>) -> Result<Owned<M>, Error> {
     if !view.device().is_cpu_accessible() {
         return Err(Error::NotCpuAccessible { device: view.device() });
+    }
+    let padded = view.is_subbyte_padded() && view.dtype().is_sub_byte();
+    if padded && !M::VERSIONED {
+        return Err(Error::UnsupportedDtype { dtype: view.dtype(), operation: "a legacy tensor, which cannot flag padding," });
     }
     let nbytes = view.nbytes();
     // Left uninitialised: both branches below write every one of its bytes
@@ -138,9 +157,10 @@ pub fn to_contiguous<M: ManagedAbi>(view: &TensorView<'_>) -> Result<Managed<M>,
         // is a fresh allocation of that size.
         unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), dst, nbytes) };
     } else {
-        let itemsize = match view.dtype().itemsize() {
-            Some(size) if !view.is_subbyte_padded() || !view.dtype().is_sub_byte() => size,
-            _ => return Err(Error::UnsupportedDtype { dtype: view.dtype(), operation: "a strided copy" }),
+        // Padded sub-byte elements take one whole byte each.
+        let element_bytes = if padded { view.dtype().element_bits().div_ceil(8) as usize } else { 0 };
+        let Some(itemsize) = view.dtype().itemsize().or(Some(element_bytes).filter(|&b| b > 0)) else {
+            return Err(Error::UnsupportedDtype { dtype: view.dtype(), operation: "a strided copy of packed sub-byte data" });
         };
         let shape: Vec<usize> = view.shape().iter().map(|&d| d as usize).collect();
         let strides: Vec<isize> = view.strides().iter().map(|&s| s as isize * itemsize as isize).collect();
@@ -150,7 +170,7 @@ pub fn to_contiguous<M: ManagedAbi>(view: &TensorView<'_>) -> Result<Managed<M>,
             strided_copy(view.as_ptr().cast(), dst, &shape, &strides, itemsize);
         }
     }
-    let mut tensor: Managed<M> = buffer.into_tensor(view.dtype(), view.shape())?;
+    let mut tensor: Owned<M> = buffer.into_tensor_padded(view.dtype(), view.shape(), padded)?;
     tensor.mark_copied();
     Ok(tensor)
 }
@@ -294,7 +314,7 @@ unsafe fn copy_tiled_dyn(src: *const u8, dst: *mut u8, rows: usize, cols: usize,
 mod tests {
     use super::*;
     use crate::ffi::DLTensor;
-    use crate::ManagedTensor;
+    use crate::OwnedTensor;
 
     fn view_of<'a>(t: &'a DLTensor) -> TensorView<'a> {
         // SAFETY: the tests build `t` over live vectors.
@@ -319,14 +339,14 @@ mod tests {
         // A (3, 2) transpose of a row-major (2, 3).
         let (mut shape, mut strides) = ([3i64, 2], [1i64, 3]);
         let t = dl(&mut data, &mut shape, &mut strides, 0);
-        let c: ManagedTensor = to_contiguous(&view_of(&t)).unwrap();
+        let c: OwnedTensor = to_contiguous(&view_of(&t)).unwrap();
         assert_eq!(c.view().as_slice::<i32>().unwrap(), &[0, 3, 1, 4, 2, 5]);
         assert!(c.is_copied());
         assert_eq!(c.view().as_ptr() as usize % ALIGNMENT, 0);
         // Reversed rows.
         let (mut shape, mut strides) = ([2i64, 3], [-3i64, 1]);
         let t = dl(&mut data, &mut shape, &mut strides, 3);
-        let c: ManagedTensor = to_contiguous(&view_of(&t)).unwrap();
+        let c: OwnedTensor = to_contiguous(&view_of(&t)).unwrap();
         assert_eq!(c.view().as_slice::<i32>().unwrap(), &[3, 4, 5, 0, 1, 2]);
     }
 
@@ -335,17 +355,17 @@ mod tests {
         let mut data = vec![5i32];
         let (mut shape, mut strides) = ([2i64, 3], [0i64, 0]);
         let t = dl(&mut data, &mut shape, &mut strides, 0);
-        let c: ManagedTensor = to_contiguous(&view_of(&t)).unwrap();
+        let c: OwnedTensor = to_contiguous(&view_of(&t)).unwrap();
         assert_eq!(c.view().as_slice::<i32>().unwrap(), &[5; 6]);
     }
 
     #[test]
     fn zeros_are_zero_and_aligned() {
-        let z: ManagedTensor = zeros(DataType::FLOAT64, &[3, 5]).unwrap();
+        let z: OwnedTensor = zeros(DataType::FLOAT64, &[3, 5]).unwrap();
         assert_eq!(z.view().as_slice::<f64>().unwrap(), &[0.0; 15]);
         assert_eq!(z.view().as_ptr() as usize % ALIGNMENT, 0);
         let fp4 = DataType::new(crate::DataTypeCode::FLOAT4_E2M1FN, 4, 1);
-        let z: ManagedTensor = zeros(fp4, &[3]).unwrap();
+        let z: OwnedTensor = zeros(fp4, &[3]).unwrap();
         assert_eq!(z.view().nbytes(), 2);
     }
 

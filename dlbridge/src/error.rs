@@ -136,6 +136,16 @@ pub enum Error {
         /// The tensor's rank.
         found: usize,
     },
+    /// The allocator could not provide the memory (Python: MemoryError).
+    AllocationFailed {
+        /// The bytes asked for.
+        bytes: usize,
+    },
+    /// The device type is not one that DLPack 1.3 defines.
+    UnknownDevice {
+        /// The device found.
+        device: Device,
+    },
     /// A sub-byte dtype or padding mode that this operation cannot handle.
     UnsupportedDtype {
         /// The dtype.
@@ -190,6 +200,10 @@ impl fmt::Display for Error {
             Error::ReadOnly => write!(f, "tensor is read-only"),
             Error::OverlappingMemory => write!(f, "tensor elements overlap in memory, so it cannot be written through"),
             Error::RankMismatch { expected, found } => write!(f, "expected {expected} dimensions, found {found}"),
+            Error::AllocationFailed { bytes } => write!(f, "could not allocate {bytes} bytes"),
+            Error::UnknownDevice { device } => {
+                write!(f, "device type {} is not one that DLPack defines", device.device_type.0)
+            }
             Error::UnsupportedDtype { dtype, operation } => write!(f, "{operation} does not support dtype {dtype}"),
         }
     }

@@ -14,7 +14,7 @@ use core::ptr::NonNull;
 use crate::dtype::{DataType, Element};
 use crate::error::Error;
 use crate::ffi::{DLTensor, DLPACK_FLAG_BITMASK_READ_ONLY};
-use crate::managed::{Managed, ManagedAbi};
+use crate::owned::{Owned, ManagedAbi};
 use crate::view::{element_count, element_extent, row_major_strides_into, TensorView, MAX_NDIM};
 use crate::Device;
 
@@ -36,9 +36,9 @@ pub struct RawLayout<'s> {
 /// The single allocation behind an export: the managed struct first, so that a
 /// pointer to it is a pointer to the block.
 #[repr(C)]
-struct ExportBlock<M, O> {
+pub(crate) struct ExportBlock<M, O> {
     managed: M,
-    owner: O,
+    pub(crate) owner: O,
     ndim: usize,
     // followed by `2 * ndim` i64: shape, then strides
 }
@@ -80,7 +80,7 @@ pub unsafe fn export_raw<M: ManagedAbi, O: Send + 'static>(
     data: *mut c_void,
     layout: RawLayout<'_>,
     flags: u64,
-) -> Result<Managed<M>, Error> {
+) -> Result<Owned<M>, Error> {
     let ndim = layout.shape.len();
     if ndim > MAX_NDIM {
         return Err(Error::NdimOutOfRange { ndim: ndim as i64, max: MAX_NDIM });
@@ -91,11 +91,11 @@ pub unsafe fn export_raw<M: ManagedAbi, O: Send + 'static>(
         }
     }
     let numel = element_count(layout.shape)?;
-    let block: NonNull<M> = write_block(owner, data, layout, numel, flags);
+    let block: NonNull<M> = write_block(owner, data, layout, numel, flags)?;
     // SAFETY: the block is a complete managed tensor we own; shape and strides
     // live in it, and the caller vouches for the data. On error `from_raw` calls
     // the deleter, which drops the owner and frees the block.
-    unsafe { Managed::from_raw(block.as_ptr()) }
+    unsafe { Owned::from_raw(block.as_ptr()) }
 }
 
 /// Exports the memory of an already validated view, with the same layout (on
@@ -110,7 +110,7 @@ pub unsafe fn export_view<M: ManagedAbi, O: Send + 'static>(
     view: &TensorView<'_>,
     device: Device,
     flags: u64,
-) -> Managed<M> {
+) -> Result<Owned<M>, Error> {
     let layout = RawLayout {
         dtype: view.dtype(),
         device,
@@ -118,37 +118,67 @@ pub unsafe fn export_view<M: ManagedAbi, O: Send + 'static>(
         strides: Some(view.strides()),
         byte_offset: 0,
     };
-    let block: NonNull<M> = write_block(owner, view.as_ptr().cast_mut(), layout, view.len(), flags);
+    let block: NonNull<M> = write_block(owner, view.as_ptr().cast_mut(), layout, view.len(), flags)?;
     // SAFETY: the block was just written; its shape and strides arrays hold the
     // view's values, so the view's validation carries over to them.
     unsafe {
         let dl = block.as_ref().dl_tensor();
         let rebased = view.rebased(dl.shape, dl.strides, device);
-        Managed::from_validated(block, rebased)
+        Ok(Owned::from_validated(block, rebased))
     }
 }
 
-/// Allocates and fills the one block of an export. `layout` must have at most
-/// `MAX_NDIM` axes and matching strides, and `numel` elements.
-fn write_block<M: ManagedAbi, O: Send + 'static>(
-    owner: O,
+/// Allocates the one block of an export and moves `owner` into it, its final
+/// place: a pointer into an owner that keeps its elements inline is taken only
+/// after this. On allocation failure the owner is dropped.
+pub(crate) fn place_owner<M: ManagedAbi, O: Send + 'static>(owner: O, ndim: usize) -> Result<NonNull<ExportBlock<M, O>>, Error> {
+    let (block_layout, _) = block_layout::<M, O>(ndim);
+    // SAFETY: the layout is non-zero sized (it holds the managed struct).
+    let raw = unsafe { std::alloc::alloc(block_layout) };
+    let block = NonNull::new(raw.cast::<ExportBlock<M, O>>()).ok_or(Error::AllocationFailed { bytes: block_layout.size() })?;
+    // SAFETY: freshly allocated with room for the head; written once.
+    unsafe {
+        core::ptr::addr_of_mut!((*block.as_ptr()).owner).write(owner);
+        core::ptr::addr_of_mut!((*block.as_ptr()).ndim).write(ndim);
+    }
+    Ok(block)
+}
+
+/// Drops the owner of a block whose managed struct was never written, and frees it.
+///
+/// # Safety
+/// `block` came from [`place_owner`] and is not used afterwards.
+unsafe fn discard_block<M: ManagedAbi, O>(block: NonNull<ExportBlock<M, O>>) {
+    // SAFETY: the owner and ndim were written by `place_owner`; the block is freed once.
+    unsafe {
+        let (layout, _) = block_layout::<M, O>((*block.as_ptr()).ndim);
+        core::ptr::drop_in_place(core::ptr::addr_of_mut!((*block.as_ptr()).owner));
+        std::alloc::dealloc(block.as_ptr().cast(), layout);
+    }
+}
+
+/// Writes the managed struct, shape and strides of a block from [`place_owner`].
+/// `layout` must have the block's ndim, matching strides, and `numel` elements.
+///
+/// # Safety
+/// `block` came from [`place_owner`] with `layout.shape.len()` axes and its
+/// managed struct is not written yet.
+unsafe fn fill_block<M: ManagedAbi, O: Send + 'static>(
+    block: NonNull<ExportBlock<M, O>>,
     data: *mut c_void,
     layout: RawLayout<'_>,
     numel: usize,
     flags: u64,
 ) -> NonNull<M> {
     let ndim = layout.shape.len();
-    let (block_layout, dims_offset) = block_layout::<M, O>(ndim);
-    // SAFETY: the layout is non-zero sized (it holds the managed struct).
-    let raw = unsafe { std::alloc::alloc(block_layout) };
-    let Some(raw) = NonNull::new(raw) else { std::alloc::handle_alloc_error(block_layout) };
-    let block = raw.as_ptr().cast::<ExportBlock<M, O>>();
+    let (_, dims_offset) = block_layout::<M, O>(ndim);
+    let raw = block.as_ptr().cast::<u8>();
     let (shape_ptr, strides_ptr) = if ndim == 0 {
         (core::ptr::null_mut(), core::ptr::null_mut())
     } else {
         // SAFETY: the block has room for 2 * ndim i64 at `dims_offset`, aligned for i64.
         unsafe {
-            let dims = raw.as_ptr().add(dims_offset).cast::<i64>();
+            let dims = raw.add(dims_offset).cast::<i64>();
             core::ptr::copy_nonoverlapping(layout.shape.as_ptr(), dims, ndim);
             let strides = dims.add(ndim);
             match layout.strides {
@@ -171,15 +201,24 @@ fn write_block<M: ManagedAbi, O: Send + 'static>(
         strides: strides_ptr,
         byte_offset: if numel == 0 { 0 } else { layout.byte_offset },
     };
-    let managed = M::assemble(dl_tensor, raw.as_ptr().cast(), delete_block::<M, O>, flags);
-    // SAFETY: `block` is freshly allocated with room for the head; the fields are
-    // written once, before anyone reads them.
-    unsafe {
-        core::ptr::addr_of_mut!((*block).managed).write(managed);
-        core::ptr::addr_of_mut!((*block).owner).write(owner);
-        core::ptr::addr_of_mut!((*block).ndim).write(ndim);
-    }
-    raw.cast()
+    let managed = M::assemble(dl_tensor, raw.cast(), delete_block::<M, O>, flags);
+    // SAFETY: the head has room for the struct, written once before anyone reads it.
+    unsafe { core::ptr::addr_of_mut!((*block.as_ptr()).managed).write(managed) };
+    block.cast()
+}
+
+/// Allocates and fills the one block of an export of memory that does not
+/// live inside `owner` itself.
+fn write_block<M: ManagedAbi, O: Send + 'static>(
+    owner: O,
+    data: *mut c_void,
+    layout: RawLayout<'_>,
+    numel: usize,
+    flags: u64,
+) -> Result<NonNull<M>, Error> {
+    let block = place_owner::<M, O>(owner, layout.shape.len())?;
+    // SAFETY: a block fresh from `place_owner` with this ndim.
+    Ok(unsafe { fill_block(block, data, layout, numel, flags) })
 }
 
 /// Where a layout sits in a slice: the index of element 0, the element count,
@@ -213,12 +252,11 @@ pub(crate) fn extent_of(shape: &[i64], strides: Option<&[i64]>) -> Result<Placem
     Ok(Placement { first: 0, numel, lo, hi })
 }
 
-/// Checks that `shape`/`strides` stay inside a buffer of `len` elements, and
+/// Checks that a layout's extent stays inside a buffer of `len` elements, and
 /// places element 0 so that the lowest element reached is index 0.
-fn place_in_buffer(shape: &[i64], strides: Option<&[i64]>, len: usize) -> Result<Placement, Error> {
-    let mut place = extent_of(shape, strides)?;
+fn place_in_buffer(place: &mut Placement, len: usize) -> Result<(), Error> {
     if place.numel == 0 {
-        return Ok(place);
+        return Ok(());
     }
     // `first + hi` is the highest index reached: it must be below `len`.
     let first = -place.lo;
@@ -226,65 +264,85 @@ fn place_in_buffer(shape: &[i64], strides: Option<&[i64]>, len: usize) -> Result
         return Err(Error::OutOfBounds { lowest: 0, highest: first.saturating_add(place.hi), len });
     }
     place.first = first as usize;
-    Ok(place)
+    Ok(())
 }
 
 /// Exports a layout already proven to lie inside a live allocation of `T`s,
 /// building its view from that proof instead of validating it again.
 ///
 /// # Safety
-/// Every element `place` reaches from `element0` must lie in an allocation that
-/// `owner` keeps alive and in place, writable unless `flags` has READ_ONLY.
+/// `block` came from [`place_owner`] with `shape.len()` axes, and every element
+/// `place` reaches from `element0` lies in an allocation that the block's owner
+/// keeps alive and in place, writable unless `flags` has READ_ONLY.
 pub(crate) unsafe fn export_placed<M: ManagedAbi, O: Send + 'static, T: Element>(
-    owner: O,
+    block: NonNull<ExportBlock<M, O>>,
     element0: *mut T,
     shape: &[i64],
     strides: Option<&[i64]>,
     place: &Placement,
     flags: u64,
-) -> Managed<M> {
+) -> Owned<M> {
     let layout = RawLayout { dtype: T::DTYPE, device: Device::CPU, shape, strides, byte_offset: 0 };
-    let block: NonNull<M> = write_block(owner, element0.cast(), layout, place.numel, flags);
+    // SAFETY: forwarded from the caller.
+    let block: NonNull<M> = unsafe { fill_block(block, element0.cast(), layout, place.numel, flags) };
     let size = core::mem::size_of::<T>() as isize;
     // SAFETY: the block was just written with this layout; the extent lies in a
     // live Rust allocation (the caller's proof), so it fits the address space.
     unsafe {
-        let view = TensorView::in_bounds(block.as_ref().dl_tensor(), place.numel, place.lo as isize * size, (place.hi as isize + 1) * size);
-        Managed::from_validated(block, view)
+        let view = TensorView::from_placed_unchecked(block.as_ref().dl_tensor(), place.numel, place.lo as isize * size, (place.hi as isize + 1) * size);
+        Owned::from_validated(block, view)
     }
 }
 
-fn export_slice<M: ManagedAbi, O: Send + 'static, T: Element>(
+/// Exports the elements that `slice_of` finds in `owner`, asked only once the
+/// owner sits in the export block it will live in until the deleter runs. So
+/// an owner that keeps its elements inline (an array, a `SmallVec`) is safe,
+/// and a `Deref` that answers differently on each call is asked once.
+fn export_owner<M, O, T>(
     owner: O,
-    base: *mut T,
-    len: usize,
+    slice_of: impl FnOnce(&mut O) -> (*mut T, usize),
     shape: &[i64],
     strides: Option<&[i64]>,
     flags: u64,
-) -> Result<Managed<M>, Error> {
-    let place = place_in_buffer(shape, strides, len)?;
+) -> Result<Owned<M>, Error>
+where
+    M: ManagedAbi,
+    O: Send + 'static,
+    T: Element,
+{
+    let mut place = extent_of(shape, strides)?;
+    let block = place_owner::<M, O>(owner, shape.len())?;
+    // SAFETY: the owner was written into the block, which does not move, and
+    // nothing else refers to it: this borrow is the only one.
+    let (base, len) = slice_of(unsafe { &mut (*block.as_ptr()).owner });
+    if let Err(err) = place_in_buffer(&mut place, len) {
+        // SAFETY: fresh from `place_owner`, never filled, not used again.
+        unsafe { discard_block(block) };
+        return Err(err);
+    }
     // SAFETY: element `first` and every element the layout reaches from it lie
-    // within the `len` elements at `base` (checked above), which `owner` keeps
-    // alive and in place: the owner derefs to them, and a heap slice does not
-    // move when its owner does.
-    Ok(unsafe { export_placed(owner, base.wrapping_add(place.first), shape, strides, &place, flags) })
+    // within the `len` elements at `base` (checked above), which the owner, now
+    // in its final place in the block, keeps alive until the deleter drops it.
+    Ok(unsafe { export_placed(block, base.wrapping_add(place.first), shape, strides, &place, flags) })
 }
 
-impl<M: ManagedAbi> Managed<M> {
+impl<M: ManagedAbi> Owned<M> {
     /// Exports a writable tensor over the elements of `owner` (a `Vec<T>`,
     /// `Box<[T]>`, or anything that derefs mutably to a slice).
     ///
     /// `strides` are in elements and may be negative; `None` means row-major.
     /// Element 0 is placed so that the lowest element the layout reaches is the
     /// first of the slice. The layout must stay inside the slice.
-    pub fn from_owner_mut<O, T>(mut owner: O, shape: &[i64], strides: Option<&[i64]>) -> Result<Self, Error>
+    pub fn from_owner_mut<O, T>(owner: O, shape: &[i64], strides: Option<&[i64]>) -> Result<Self, Error>
     where
         O: DerefMut<Target = [T]> + Send + 'static,
         T: Element,
     {
-        let slice = owner.deref_mut();
-        let (base, len) = (slice.as_mut_ptr(), slice.len());
-        export_slice(owner, base, len, shape, strides, 0)
+        let slice_of = |owner: &mut O| {
+            let slice: &mut [T] = O::deref_mut(owner);
+            (slice.as_mut_ptr(), slice.len())
+        };
+        export_owner(owner, slice_of, shape, strides, 0)
     }
 
     /// Exports a read-only tensor over the elements of `owner` (an `Arc<[T]>`,
@@ -294,9 +352,11 @@ impl<M: ManagedAbi> Managed<M> {
         O: Deref<Target = [T]> + Send + 'static,
         T: Element,
     {
-        let slice = owner.deref();
-        let (base, len) = (slice.as_ptr().cast_mut(), slice.len());
-        export_slice(owner, base, len, shape, strides, DLPACK_FLAG_BITMASK_READ_ONLY)
+        let slice_of = |owner: &mut O| {
+            let slice: &[T] = O::deref(owner);
+            (slice.as_ptr().cast_mut(), slice.len())
+        };
+        export_owner(owner, slice_of, shape, strides, DLPACK_FLAG_BITMASK_READ_ONLY)
     }
 
     /// Exports a `Vec` as a writable row-major tensor of the given shape.
@@ -309,7 +369,7 @@ impl<M: ManagedAbi> Managed<M> {
 mod tests {
     use super::*;
     use crate::ffi::DLManagedTensorVersioned;
-    use crate::{LegacyManagedTensor, ManagedTensor};
+    use crate::{OwnedLegacyTensor, OwnedTensor};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
@@ -334,7 +394,7 @@ mod tests {
     #[test]
     fn vec_export_fills_strides_and_drops_owner_once() {
         let drops = Arc::new(AtomicUsize::new(0));
-        let t = ManagedTensor::from_owner_mut(Counted(vec![1.0; 6], drops.clone()), &[2, 3], None).unwrap();
+        let t = OwnedTensor::from_owner_mut(Counted(vec![1.0; 6], drops.clone()), &[2, 3], None).unwrap();
         let raw = t.as_raw();
         assert_eq!(raw.version, crate::ffi::DLPackVersion::CURRENT);
         assert!(!raw.dl_tensor.strides.is_null());
@@ -347,11 +407,11 @@ mod tests {
 
     #[test]
     fn negative_strides_place_element_zero_at_the_end() {
-        let t = ManagedTensor::from_vec((0..4).map(|v| v as f32).collect(), &[4]).unwrap();
+        let t = OwnedTensor::from_vec((0..4).map(|v| v as f32).collect(), &[4]).unwrap();
         let first = t.view().as_ptr();
         drop(t);
         let _ = first;
-        let t = ManagedTensor::from_owner_mut(vec![0i32, 1, 2, 3], &[4], Some(&[-1])).unwrap();
+        let t = OwnedTensor::from_owner_mut(vec![0i32, 1, 2, 3], &[4], Some(&[-1])).unwrap();
         // SAFETY: element 0 of a 4-element i32 tensor is in bounds.
         assert_eq!(unsafe { *t.view().as_ptr().cast::<i32>() }, 3);
         assert!(t.view().as_slice::<i32>().is_none());
@@ -360,21 +420,21 @@ mod tests {
     #[test]
     fn layouts_outside_the_buffer_are_refused() {
         let drops = Arc::new(AtomicUsize::new(0));
-        let err = ManagedTensor::from_owner_mut(Counted(vec![0.0; 5], drops.clone()), &[2, 3], None).unwrap_err();
+        let err = OwnedTensor::from_owner_mut(Counted(vec![0.0; 5], drops.clone()), &[2, 3], None).unwrap_err();
         assert!(matches!(err, Error::OutOfBounds { highest: 5, len: 5, .. }), "{err}");
         assert_eq!(drops.load(Ordering::SeqCst), 1, "the owner is dropped on error");
-        let err = ManagedTensor::from_vec(vec![0u8; 4], &[2, -2]).unwrap_err();
+        let err = OwnedTensor::from_vec(vec![0u8; 4], &[2, -2]).unwrap_err();
         assert!(matches!(err, Error::NegativeDimension { axis: 1, size: -2 }));
-        let err = ManagedTensor::from_owner_mut(vec![0u8; 4], &[2, 2], Some(&[1])).unwrap_err();
+        let err = OwnedTensor::from_owner_mut(vec![0u8; 4], &[2, 2], Some(&[1])).unwrap_err();
         assert!(matches!(err, Error::StridesLength { expected: 2, found: 1 }));
     }
 
     #[test]
     fn empty_and_scalar_follow_the_1_2_rules() {
-        let t = ManagedTensor::from_vec(Vec::<f64>::new(), &[0, 3]).unwrap();
+        let t = OwnedTensor::from_vec(Vec::<f64>::new(), &[0, 3]).unwrap();
         assert!(t.as_raw().dl_tensor.data.is_null());
         assert_eq!(t.view().strides(), &[3, 1]);
-        let s = ManagedTensor::from_vec(vec![7i64], &[]).unwrap();
+        let s = OwnedTensor::from_vec(vec![7i64], &[]).unwrap();
         assert!(s.as_raw().dl_tensor.shape.is_null() && s.as_raw().dl_tensor.strides.is_null());
         assert_eq!(s.view().as_slice::<i64>(), Some(&[7][..]));
     }
@@ -382,9 +442,9 @@ mod tests {
     #[test]
     fn shared_owner_is_read_only() {
         let shared: Arc<[u16]> = Arc::from(vec![1u16, 2, 3]);
-        let mut t = ManagedTensor::from_owner(shared.clone(), &[3], None).unwrap();
+        let mut t = OwnedTensor::from_owner(shared.clone(), &[3], None).unwrap();
         assert!(t.is_read_only());
-        assert!(matches!(t.view_mut(), Err(Error::ReadOnly)));
+        assert!(matches!(t.try_view_mut(), Err(Error::ReadOnly)));
         assert_eq!(t.view().as_slice::<u16>(), Some(&[1, 2, 3][..]));
         drop(t);
         assert_eq!(Arc::strong_count(&shared), 1);
@@ -392,24 +452,24 @@ mod tests {
 
     #[test]
     fn legacy_export_round_trips() {
-        let mut t = LegacyManagedTensor::from_vec(vec![1u8, 2, 3, 4], &[2, 2]).unwrap();
+        let mut t = OwnedLegacyTensor::from_vec(vec![1u8, 2, 3, 4], &[2, 2]).unwrap();
         assert_eq!(t.version(), None);
         t.view_mut().unwrap().as_slice_mut::<u8>().unwrap()[0] = 9;
         assert_eq!(t.view().as_slice::<u8>().unwrap(), &[9, 2, 3, 4]);
         let raw = t.into_raw();
         // SAFETY: `raw` came from `into_raw` and is owned again here.
-        let back = unsafe { LegacyManagedTensor::from_raw(raw) }.unwrap();
+        let back = unsafe { OwnedLegacyTensor::from_raw(raw) }.unwrap();
         assert_eq!(back.view().shape(), &[2, 2]);
     }
 
     #[test]
     fn export_view_matches_a_fresh_validation() {
-        let src = ManagedTensor::from_owner_mut((0..12).collect::<Vec<i32>>(), &[3, 2], Some(&[-4, 2])).unwrap();
+        let src = OwnedTensor::from_owner_mut((0..12).collect::<Vec<i32>>(), &[3, 2], Some(&[-4, 2])).unwrap();
         // SAFETY: `src` owns the data and outlives the export.
-        let exported: ManagedTensor = unsafe { export_view((), src.view(), Device::CPU, 0) };
+        let exported: OwnedTensor = unsafe { export_view((), src.view(), Device::CPU, 0) }.unwrap();
         let (shape, strides, range) = (exported.view().shape().to_vec(), exported.view().strides().to_vec(), exported.view().byte_range());
         // SAFETY: an owned tensor from `into_raw`, validated again from scratch.
-        let again = unsafe { ManagedTensor::from_raw(exported.into_raw()) }.unwrap();
+        let again = unsafe { OwnedTensor::from_raw(exported.into_raw()) }.unwrap();
         assert_eq!((again.view().shape(), again.view().strides()), (&shape[..], &strides[..]));
         assert_eq!(again.view().byte_range(), range);
         assert_eq!(again.view().byte_range(), src.view().byte_range());

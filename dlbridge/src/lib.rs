@@ -5,23 +5,23 @@
 //! whatever a foreign producer sends.
 //!
 //! ```
-//! use dlbridge::{DataType, ManagedTensor};
+//! use dlbridge::{DataType, OwnedTensor};
 //!
 //! // Export Rust memory: one allocation, the deleter drops the Vec.
-//! let tensor = ManagedTensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+//! let mut tensor = OwnedTensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
 //!
-//! // Hand it to C, and take it back, as a consumer would.
-//! let raw = tensor.into_raw();
-//! // SAFETY: `raw` is an owned managed tensor that nothing else uses.
-//! let imported = unsafe { ManagedTensor::from_raw(raw) }?;
-//!
-//! // Everything after import is safe and validated.
-//! let view = imported.view();
+//! // Read it through the validated view, as a consumer would.
+//! let view = tensor.view();
 //! assert_eq!(view.shape(), &[2, 3]);
 //! assert_eq!(view.strides(), &[3, 1]);
 //! assert_eq!(view.dtype(), DataType::FLOAT32);
-//! assert_eq!(view.dtype().to_string(), "float32");
 //! assert_eq!(view.as_slice::<f32>(), Some(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0][..]));
+//!
+//! // Write through a mutable view; read-only tensors refuse one.
+//! tensor.try_view_mut()?.try_as_slice_mut::<f32>()?[0] = 10.0;
+//! assert_eq!(tensor.view().as_slice::<f32>().map(|s| s[0]), Some(10.0));
+//!
+//! // `into_raw` hands the `DLManagedTensorVersioned*` to C; `from_raw` takes one back.
 //! # Ok::<(), dlbridge::Error>(())
 //! ```
 //!
@@ -29,16 +29,23 @@
 //! - [`ffi`]: the raw ABI, every struct, flag and function-pointer type of `dlpack.h` 1.3.
 //! - [`DataType`], [`Device`]: value types, with the one dtype [`TABLE`](dtype::TABLE).
 //! - [`TensorView`]: the one validation path for foreign tensors; safe accessors.
-//! - [`ManagedTensor`], [`LegacyManagedTensor`]: owners that call the deleter exactly once.
-//! - [`Managed::from_vec`], [`Managed::from_owner_mut`], [`Managed::from_owner`]: safe export.
+//!   [`TensorViewMut`] writes, and lends reads only for as long as it is borrowed.
+//! - [`OwnedTensor`], [`OwnedLegacyTensor`]: owners of a `DLManagedTensorVersioned`
+//!   or a legacy `DLManagedTensor`, which call its deleter exactly once.
+//! - [`Owned::from_vec`], [`Owned::from_owner_mut`], [`Owned::from_owner`]: safe export.
 //! - [`to_contiguous`], [`zeros`]: owned, 64-byte aligned copies and allocations.
-//! - with feature `ndarray`: `TensorView::as_array` and `Managed::from_array`.
+//! - with feature `ndarray`: `TensorView::as_array` and `Owned::from_array`.
+//!
+//! Fallible accessors come in pairs: `try_x` returns `Result` with the reason,
+//! `x` returns `Option`.
 //!
 //! ## Unsafe contract
-//! Only two things are `unsafe`: taking a raw pointer from a producer
-//! ([`Managed::from_raw`], [`TensorView::from_dltensor`]) and exporting memory
-//! the crate cannot see the owner of ([`export::export_raw`]). The caller vouches
-//! for the pointers; the crate checks every value.
+//! The everyday paths, exporting Rust memory and reading or writing a tensor
+//! already taken, are safe. `unsafe` is needed only where the crate must trust
+//! a pointer it cannot check: taking a producer's pointer ([`Owned::from_raw`],
+//! [`TensorView::from_dltensor`]) and exporting memory whose owner it cannot
+//! see ([`export::export_raw`], [`export::export_view`]). The caller vouches
+//! for those pointers; the crate checks every value behind them.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 // Nothing on an import or export path may panic on foreign input: the few
 // remaining `expect`s are allowed one by one, each with the reason it cannot fire.
@@ -51,7 +58,7 @@ pub mod dtype;
 mod error;
 pub mod export;
 pub mod ffi;
-mod managed;
+mod owned;
 #[cfg(feature = "ndarray")]
 mod ndarray;
 mod view;
@@ -60,5 +67,5 @@ pub use copy::{to_contiguous, zeros, AlignedBuffer, ALIGNMENT};
 pub use device::{Device, DeviceType};
 pub use dtype::{DataType, DataTypeCode, Element};
 pub use error::Error;
-pub use managed::{LegacyManagedTensor, Managed, ManagedAbi, ManagedTensor};
+pub use owned::{OwnedLegacyTensor, Owned, ManagedAbi, OwnedTensor};
 pub use view::{TensorView, TensorViewMut, MAX_NDIM};

@@ -9,9 +9,9 @@ use ndarray::{ArcArray, Array, ArrayView, ArrayViewMut, Axis, Dimension, IxDyn, 
 
 use crate::dtype::Element;
 use crate::error::Error;
-use crate::export::{export_placed, extent_of};
+use crate::export::{export_placed, extent_of, place_owner};
 use crate::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
-use crate::managed::{Managed, ManagedAbi};
+use crate::owned::{Owned, ManagedAbi};
 use crate::view::{TensorView, TensorViewMut};
 
 /// Calls `f` with `n` values made by `make`, on the stack for up to 8 of them
@@ -67,9 +67,15 @@ where
 }
 
 impl<'a> TensorView<'a> {
-    /// An `ndarray` view of rank `D` (use `IxDyn` for any rank). Checks the
+    /// An `ndarray` view of rank `D` (use `IxDyn` for any rank), `None` when
+    /// [`try_as_array`](Self::try_as_array) refuses.
+    pub fn as_array<T: Element, D: Dimension>(&self) -> Option<ArrayView<'a, T, D>> {
+        self.try_as_array().ok()
+    }
+
+    /// An `ndarray` view of rank `D`, with the reason for a refusal. Checks the
     /// device, dtype, alignment and, for `bool`, that every byte is 0 or 1.
-    pub fn as_array<T: Element, D: Dimension>(&self) -> Result<ArrayView<'a, T, D>, Error> {
+    pub fn try_as_array<T: Element, D: Dimension>(&self) -> Result<ArrayView<'a, T, D>, Error> {
         self.check_array::<T, D>()?;
         let (base, inverted) = placement::<T>(self);
         let (shape, strides) = dyn_layout(self);
@@ -111,13 +117,19 @@ impl<'a> TensorView<'a> {
 }
 
 impl<'a> TensorViewMut<'a> {
-    /// A mutable `ndarray` view; the checks of [`TensorView::as_array`] apply.
-    pub fn as_array_mut<T: Element, D: Dimension>(&mut self) -> Result<ArrayViewMut<'_, T, D>, Error> {
+    /// A mutable `ndarray` view, `None` when [`try_as_array_mut`](Self::try_as_array_mut) refuses.
+    pub fn as_array_mut<T: Element, D: Dimension>(&mut self) -> Option<ArrayViewMut<'_, T, D>> {
+        self.try_as_array_mut().ok()
+    }
+
+    /// A mutable `ndarray` view; the checks of [`TensorView::try_as_array`] apply.
+    pub fn try_as_array_mut<T: Element, D: Dimension>(&mut self) -> Result<ArrayViewMut<'_, T, D>, Error> {
         // Reading first runs every check, bool values included.
-        let ndim = self.ndim();
-        drop(self.as_array::<T, D>()?);
-        let (base, inverted) = placement::<T>(self);
-        let (shape, strides) = dyn_layout(self);
+        let view = self.view();
+        let ndim = view.ndim();
+        drop(view.try_as_array::<T, D>()?);
+        let (base, inverted) = placement::<T>(view);
+        let (shape, strides) = dyn_layout(view);
         // SAFETY: as in `as_array`; the memory is writable and unaliased
         // (guaranteed by `TensorViewMut`), and `&mut self` is the only borrow.
         let mut array = unsafe { ArrayViewMut::<T, IxDyn>::from_shape_ptr(shape.strides(strides), base.cast_mut().cast()) };
@@ -126,15 +138,12 @@ impl<'a> TensorViewMut<'a> {
     }
 }
 
-impl<M: ManagedAbi> Managed<M> {
+impl<M: ManagedAbi> Owned<M> {
     /// Exports an owned array without copying, in whatever layout it has
     /// (negative strides included). The array is dropped by the deleter.
-    pub fn from_array<T: Element, D: Dimension + Send + 'static>(mut array: Array<T, D>) -> Result<Self, Error> {
-        let data = array.as_mut_ptr().cast();
-        // SAFETY: `data` is element 0 of the array and the shape and strides are
-        // the array's own, so every element reached is in its buffer, which the
-        // array (the owner) keeps alive and in place; the array is writable.
-        unsafe { export_array(array, data, 0) }
+    pub fn from_array<T: Element, D: Dimension + Send + 'static>(array: Array<T, D>) -> Result<Self, Error> {
+        // The array is uniquely owned, so it is writable.
+        export_array(array, |a| a.as_mut_ptr(), 0)
     }
 
     /// Exports a shared array without copying. A uniquely held array is exported
@@ -143,18 +152,18 @@ impl<M: ManagedAbi> Managed<M> {
         if array.is_unique() {
             return Self::from_array(array.into_owned());
         }
-        let data = array.as_ptr().cast_mut().cast();
-        // SAFETY: as in `from_array`; the data is only read (READ_ONLY), as the
-        // other clones only read it.
-        unsafe { export_array(array, data, DLPACK_FLAG_BITMASK_READ_ONLY) }
+        // Only read (READ_ONLY), as the other clones only read it.
+        export_array(array, |a| a.as_ptr().cast_mut(), DLPACK_FLAG_BITMASK_READ_ONLY)
     }
 }
 
-/// Exports an array-like owner with its own shape and strides.
-///
-/// # Safety
-/// `data` must be element 0 of `array`, whose buffer the array keeps in place.
-unsafe fn export_array<M, A, S, D>(array: ndarray::ArrayBase<S, D>, data: *mut core::ffi::c_void, flags: u64) -> Result<Managed<M>, Error>
+/// Exports an array with its own shape and strides; `element0` is asked for
+/// the address of element 0 once the array sits in the export block.
+fn export_array<M, A, S, D>(
+    array: ndarray::ArrayBase<S, D>,
+    element0: impl FnOnce(&mut ndarray::ArrayBase<S, D>) -> *mut A,
+    flags: u64,
+) -> Result<Owned<M>, Error>
 where
     M: ManagedAbi,
     A: Element,
@@ -176,47 +185,51 @@ where
     }
     let (shape, strides) = dims.split_at(ndim);
     let place = extent_of(shape, Some(strides))?;
-    // SAFETY: forwarded from the caller; the layout is the array's own, so every
-    // element it reaches from `data` is in the array's buffer.
-    Ok(unsafe { export_placed(array, data.cast::<A>(), shape, Some(strides), &place, flags) })
+    let block = place_owner::<M, _>(array, ndim)?;
+    // SAFETY: the array now lives in the block, which does not move; this is
+    // the only borrow of it.
+    let data = element0(unsafe { &mut (*block.as_ptr()).owner });
+    // SAFETY: `data` is element 0 of the array in its final place, and the layout
+    // is the array's own, so every element it reaches is in the array's buffer.
+    Ok(unsafe { export_placed(block, data, shape, Some(strides), &place, flags) })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ManagedTensor;
+    use crate::OwnedTensor;
     use ndarray::{arr2, s, Ix2};
 
     #[test]
     fn negative_and_zero_strides() {
-        let t = ManagedTensor::from_owner_mut((0..6).collect::<Vec<i32>>(), &[2, 3], Some(&[-3, -1])).unwrap();
-        let a = t.view().as_array::<i32, Ix2>().unwrap();
+        let t = OwnedTensor::from_owner_mut((0..6).collect::<Vec<i32>>(), &[2, 3], Some(&[-3, -1])).unwrap();
+        let a = t.view().try_as_array::<i32, Ix2>().unwrap();
         assert_eq!(a, arr2(&[[5, 4, 3], [2, 1, 0]]));
-        let t = ManagedTensor::from_owner_mut(vec![7i32, 8], &[3, 2], Some(&[0, 1])).unwrap();
-        let a = t.view().as_array::<i32, IxDyn>().unwrap();
+        let t = OwnedTensor::from_owner_mut(vec![7i32, 8], &[3, 2], Some(&[0, 1])).unwrap();
+        let a = t.view().try_as_array::<i32, IxDyn>().unwrap();
         assert_eq!(a, arr2(&[[7, 8], [7, 8], [7, 8]]).into_dyn());
     }
 
     #[test]
     fn mutable_views_and_refusals() {
-        let mut t = ManagedTensor::from_vec(vec![1.0f64; 4], &[2, 2]).unwrap();
-        t.view_mut().unwrap().as_array_mut::<f64, Ix2>().unwrap()[[1, 0]] = 5.0;
+        let mut t = OwnedTensor::from_vec(vec![1.0f64; 4], &[2, 2]).unwrap();
+        t.view_mut().unwrap().try_as_array_mut::<f64, Ix2>().unwrap()[[1, 0]] = 5.0;
         assert_eq!(t.view().as_slice::<f64>().unwrap(), &[1.0, 1.0, 5.0, 1.0]);
-        assert!(matches!(t.view().as_array::<f32, Ix2>(), Err(Error::DtypeMismatch { .. })));
-        assert!(matches!(t.view().as_array::<f64, ndarray::Ix3>(), Err(Error::RankMismatch { expected: 3, found: 2 })));
-        let mut b = ManagedTensor::from_owner_mut(vec![1.0f64], &[3], Some(&[0])).unwrap();
-        assert!(matches!(b.view_mut(), Err(Error::OverlappingMemory)));
+        assert!(matches!(t.view().try_as_array::<f32, Ix2>(), Err(Error::DtypeMismatch { .. })));
+        assert!(matches!(t.view().try_as_array::<f64, ndarray::Ix3>(), Err(Error::RankMismatch { expected: 3, found: 2 })));
+        let mut b = OwnedTensor::from_owner_mut(vec![1.0f64], &[3], Some(&[0])).unwrap();
+        assert!(matches!(b.try_view_mut(), Err(Error::OverlappingMemory)));
     }
 
     #[test]
     fn bool_values_are_checked() {
-        let t = ManagedTensor::from_vec(vec![0u8, 1, 2], &[3]).unwrap();
+        let t = OwnedTensor::from_vec(vec![0u8, 1, 2], &[3]).unwrap();
         // Relabel the bytes as bool through a raw tensor of the same memory.
         let mut dl = t.as_raw().dl_tensor;
         dl.dtype = crate::DataType::BOOL;
         // SAFETY: `dl` describes `t`'s live buffer.
         let v = unsafe { TensorView::from_dltensor(&dl, false) }.unwrap();
-        assert!(matches!(v.as_array::<bool, IxDyn>(), Err(Error::InvalidValues { .. })));
+        assert!(matches!(v.try_as_array::<bool, IxDyn>(), Err(Error::InvalidValues { .. })));
         assert!(v.as_slice::<bool>().is_none());
     }
 
@@ -225,15 +238,15 @@ mod tests {
         let mut a = arr2(&[[1i64, 2, 3], [4, 5, 6]]);
         a.invert_axis(Axis(1));
         let ptr = a.as_ptr();
-        let t = ManagedTensor::from_array(a.clone()).unwrap();
+        let t = OwnedTensor::from_array(a.clone()).unwrap();
         assert_eq!(t.view().strides(), &[3, -1]);
-        assert_eq!(t.view().as_array::<i64, Ix2>().unwrap(), a);
+        assert_eq!(t.view().try_as_array::<i64, Ix2>().unwrap(), a);
         let _ = ptr;
         let shared = ArcArray::from(arr2(&[[1u8, 2], [3, 4]]).slice_move(s![.., ..]));
-        let t = ManagedTensor::from_arc_array(shared.clone()).unwrap();
+        let t = OwnedTensor::from_arc_array(shared.clone()).unwrap();
         assert!(t.is_read_only());
         drop(shared);
         let unique = ArcArray::from(arr2(&[[1u8, 2]]));
-        assert!(!ManagedTensor::from_arc_array(unique).unwrap().is_read_only());
+        assert!(!OwnedTensor::from_arc_array(unique).unwrap().is_read_only());
     }
 }

@@ -19,7 +19,6 @@
 //! producer for that, as every DLPack consumer must. Memory that other owners
 //! share may change while a view is alive.
 
-use core::borrow::Borrow;
 use core::ffi::c_void;
 use core::marker::PhantomData;
 use core::ops::Range;
@@ -199,6 +198,9 @@ impl<'a> TensorView<'a> {
         padded: bool,
     ) -> Result<Self, Error> {
         dtype.validate()?;
+        if device.device_type.name().is_none() {
+            return Err(Error::UnknownDevice { device });
+        }
         let numel = element_count(shape)?;
         let strides_slice: &[i64] = match &strides {
             // SAFETY: checked readable by the caller for 'a.
@@ -246,7 +248,7 @@ impl<'a> TensorView<'a> {
     /// `tensor` must be well formed (valid dtype, shape and strides for its
     /// ndim), with `numel` elements reaching exactly `lo..hi`, and its shape and
     /// strides arrays must outlive the result.
-    pub(crate) unsafe fn in_bounds(tensor: &DLTensor, numel: usize, lo: isize, hi: isize) -> TensorView<'static> {
+    pub(crate) unsafe fn from_placed_unchecked(tensor: &DLTensor, numel: usize, lo: isize, hi: isize) -> TensorView<'static> {
         let ndim = tensor.ndim as usize;
         let raw = |ptr: *const i64| if ndim == 0 { RawSlice::EMPTY } else { RawSlice { ptr, len: ndim } };
         TensorView {
@@ -461,7 +463,29 @@ fn contiguous<'s>(axes: impl Iterator<Item = (&'s i64, &'s i64)>, numel: usize) 
 /// A validated view through which the elements may be written.
 ///
 /// It exists only for tensors that are not read-only and whose elements do not
-/// overlap.
+/// overlap. Reading goes through [`view`](Self::view), a shared reborrow: every
+/// borrow it hands out ends before the next write, as with ndarray's
+/// `ArrayViewMut::view`. A shared slice cannot outlive a later mutable one:
+///
+/// ```compile_fail,E0502
+/// # let mut t = dlbridge::OwnedTensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
+/// let mut vm = t.try_view_mut().unwrap();
+/// let shared: &[f32] = vm.view().as_slice().unwrap();
+/// let unique: &mut [f32] = vm.as_slice_mut().unwrap();
+/// unique[0] = 9.0;
+/// println!("{}", shared[0]);
+/// ```
+///
+/// Nor does a mutable view lend out reads of its own that outlive it:
+///
+/// ```compile_fail,E0599
+/// # let mut t = dlbridge::OwnedTensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
+/// let mut vm = t.try_view_mut().unwrap();
+/// let shared: &[f32] = vm.as_slice().unwrap();
+/// let unique: &mut [f32] = vm.as_slice_mut().unwrap();
+/// unique[0] = 9.0;
+/// println!("{}", shared[0]);
+/// ```
 #[derive(Debug)]
 pub struct TensorViewMut<'a> {
     view: TensorView<'a>,
@@ -489,6 +513,17 @@ impl<'a> TensorViewMut<'a> {
         Ok(TensorViewMut { view, _data: PhantomData })
     }
 
+    /// A read-only view for as long as `self` is borrowed: shape, strides,
+    /// dtype, and shared slices that end before the next write.
+    pub fn view(&self) -> &TensorView<'_> {
+        &self.view
+    }
+
+    /// Gives up writing: a read-only view for the rest of `'a`.
+    pub fn into_view(self) -> TensorView<'a> {
+        self.view
+    }
+
     /// Address of element 0, for writing.
     pub fn as_mut_ptr(&mut self) -> *mut c_void {
         self.view.ptr.cast_mut().cast()
@@ -508,20 +543,8 @@ impl<'a> TensorViewMut<'a> {
         }
         // SAFETY: `try_as_slice` proved the layout, type, alignment and values;
         // `TensorViewMut`'s construction proved the memory writable and unaliased
-        // for 'a, and `&mut self` makes this the only borrow.
+        // for 'a, and `&mut self` makes this the only borrow: shared borrows from
+        // `view()` end before it.
         Ok(unsafe { core::slice::from_raw_parts_mut(self.as_mut_ptr().cast::<T>(), len) })
-    }
-}
-
-impl<'a> core::ops::Deref for TensorViewMut<'a> {
-    type Target = TensorView<'a>;
-    fn deref(&self) -> &TensorView<'a> {
-        &self.view
-    }
-}
-
-impl<'a> Borrow<TensorView<'a>> for TensorViewMut<'a> {
-    fn borrow(&self) -> &TensorView<'a> {
-        &self.view
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLPackVersion, DLTensor};
-use dlbridge::{DataType, DataTypeCode, Device, DeviceType, Error, LegacyManagedTensor, ManagedTensor, TensorView};
+use dlbridge::{DataType, DataTypeCode, Device, DeviceType, Error, OwnedLegacyTensor, OwnedTensor, TensorView};
 use proptest::prelude::*;
 
 /// A hand-built producer: the managed struct, its shape/strides and a counter
@@ -58,7 +58,7 @@ impl Producer {
     /// Imports through `from_raw` and returns the outcome and the deleter count.
     fn import(&mut self) -> (Result<Vec<i64>, Error>, usize) {
         // SAFETY: the struct and its arrays live in `self` for the whole call.
-        let result = unsafe { ManagedTensor::from_raw(&mut self.managed) }.map(|t| t.view().strides().to_vec());
+        let result = unsafe { OwnedTensor::from_raw(&mut self.managed) }.map(|t| t.view().strides().to_vec());
         (result, self.deleted.load(Ordering::SeqCst))
     }
 }
@@ -135,7 +135,7 @@ fn version_mismatch_never_reads_past_flags() {
 fn try_from_raw_leaves_ownership_on_error() {
     let mut p = Producer::new(std::ptr::null_mut(), DataType::FLOAT32, &[2], None);
     // SAFETY: the struct lives in `p`.
-    let err = unsafe { ManagedTensor::try_from_raw(&mut p.managed) }.unwrap_err();
+    let err = unsafe { OwnedTensor::try_from_raw(&mut p.managed) }.unwrap_err();
     assert!(matches!(err.0, Error::NullData { .. }));
     assert!(err.1.is_some());
     assert_eq!(p.deleted.load(Ordering::SeqCst), 0, "the caller still owns it");
@@ -147,11 +147,11 @@ fn null_deleter_and_null_pointer_are_fine() {
     let mut p = Producer::new(data.as_mut_ptr().cast(), DataType::FLOAT32, &[3], None);
     p.managed.deleter = None;
     // SAFETY: the struct lives in `p`.
-    let t = unsafe { ManagedTensor::from_raw(&mut p.managed) }.unwrap();
+    let t = unsafe { OwnedTensor::from_raw(&mut p.managed) }.unwrap();
     assert_eq!(t.view().as_slice::<f32>().unwrap(), &[0.0, 1.0, 2.0]);
     drop(t);
     // SAFETY: NULL is explicitly allowed.
-    assert!(matches!(unsafe { ManagedTensor::from_raw(std::ptr::null_mut()) }, Err(Error::NullPointer)));
+    assert!(matches!(unsafe { OwnedTensor::from_raw(std::ptr::null_mut()) }, Err(Error::NullPointer)));
 }
 
 #[test]
@@ -163,16 +163,22 @@ fn zero_size_and_scalar_and_unknown_device() {
     let mut p = Producer::new((&mut value as *mut f64).cast(), DataType::FLOAT64, &[], None);
     p.managed.dl_tensor.shape = std::ptr::null_mut();
     // SAFETY: the struct lives in `p`.
-    let t = unsafe { ManagedTensor::from_raw(&mut p.managed) }.unwrap();
+    let t = unsafe { OwnedTensor::from_raw(&mut p.managed) }.unwrap();
     assert_eq!(t.view().as_slice::<f64>(), Some(&[3.5][..]));
     drop(t);
-    // An unknown device code is kept, and refused for CPU access.
+    // An unknown device code is refused: nothing can be done with such memory.
     let mut data = buffer();
     let mut p = Producer::new(data.as_mut_ptr().cast(), DataType::FLOAT32, &[2], None);
     p.managed.dl_tensor.device = Device::new(DeviceType(77), 3);
     // SAFETY: the struct lives in `p`.
-    let t = unsafe { ManagedTensor::from_raw(&mut p.managed) }.unwrap();
-    assert_eq!(t.view().device().to_string(), "DeviceType(77):3");
+    let err = unsafe { OwnedTensor::from_raw(&mut p.managed) }.unwrap_err();
+    assert!(matches!(err, Error::UnknownDevice { device } if device.device_type == DeviceType(77)), "{err}");
+    // A known device that the CPU cannot reach is kept, and refused for CPU access.
+    let mut p = Producer::new(data.as_mut_ptr().cast(), DataType::FLOAT32, &[2], None);
+    p.managed.dl_tensor.device = Device::new(DeviceType::CUDA, 3);
+    // SAFETY: the struct lives in `p`.
+    let t = unsafe { OwnedTensor::from_raw(&mut p.managed) }.unwrap();
+    assert_eq!(t.view().device().to_string(), "cuda:3");
     assert!(t.view().as_slice::<f32>().is_none());
     assert!(matches!(t.view().try_as_slice::<f32>(), Err(Error::NotCpuAccessible { .. })));
 }
@@ -183,9 +189,9 @@ fn flags_are_reported_and_read_only_blocks_writes() {
     let mut p = Producer::new(data.as_mut_ptr().cast(), DataType::FLOAT32, &[2], None);
     p.managed.flags = dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY | dlbridge::ffi::DLPACK_FLAG_BITMASK_IS_COPIED;
     // SAFETY: the struct lives in `p`.
-    let mut t = unsafe { ManagedTensor::from_raw(&mut p.managed) }.unwrap();
+    let mut t = unsafe { OwnedTensor::from_raw(&mut p.managed) }.unwrap();
     assert!(t.is_read_only() && t.is_copied() && !t.is_subbyte_padded());
-    assert!(matches!(t.view_mut(), Err(Error::ReadOnly)));
+    assert!(matches!(t.try_view_mut(), Err(Error::ReadOnly)));
 }
 
 #[test]
@@ -210,7 +216,7 @@ fn legacy_struct_imports() {
         deleter: Some(del),
     };
     // SAFETY: the struct, shape and data live on this stack frame.
-    let t = unsafe { LegacyManagedTensor::from_raw(&mut m) }.unwrap();
+    let t = unsafe { OwnedLegacyTensor::from_raw(&mut m) }.unwrap();
     assert_eq!(t.view().as_slice::<u8>(), Some(&[2, 3][..]), "byte_offset is honoured");
     assert_eq!(t.version(), None);
     drop(t);
@@ -304,10 +310,10 @@ proptest! {
     fn exported_view_equals_a_fresh_validation(dims in prop::collection::vec((0i64..4, -5i64..6), 0..4)) {
         let shape: Vec<i64> = dims.iter().map(|d| d.0).collect();
         let strides: Vec<i64> = dims.iter().map(|d| d.1).collect();
-        let Ok(t) = ManagedTensor::from_owner_mut(vec![0u16; 512], &shape, Some(&strides)) else { return Ok(()) };
+        let Ok(t) = OwnedTensor::from_owner_mut(vec![0u16; 512], &shape, Some(&strides)) else { return Ok(()) };
         let (range, ptr, len) = (t.view().byte_range(), t.view().as_ptr(), t.view().len());
         // SAFETY: an owned tensor from `into_raw`, validated again from scratch.
-        let again = unsafe { ManagedTensor::from_raw(t.into_raw()) }.unwrap();
+        let again = unsafe { OwnedTensor::from_raw(t.into_raw()) }.unwrap();
         prop_assert_eq!(again.view().byte_range(), range);
         prop_assert_eq!(again.view().as_ptr(), ptr);
         prop_assert_eq!(again.view().len(), len);

@@ -7,7 +7,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use dlbridge::ffi::DLTensor;
-use dlbridge::{DataType, Device, ManagedTensor, TensorView};
+use dlbridge::{DataType, Device, OwnedTensor, TensorView};
 use ndarray::{Array1, Array2, ArrayViewD, IxDyn};
 
 fn export_and_drop(c: &mut Criterion) {
@@ -15,7 +15,7 @@ fn export_and_drop(c: &mut Criterion) {
     g.bench_function("dlbridge", |b| {
         b.iter(|| {
             let a = Array1::<f32>::zeros(16);
-            drop(black_box(ManagedTensor::from_array(black_box(a)).unwrap()));
+            drop(black_box(OwnedTensor::from_array(black_box(a)).unwrap()));
         })
     });
     g.bench_function("dlpark", |b| {
@@ -30,7 +30,7 @@ fn export_and_drop(c: &mut Criterion) {
     g.bench_function("dlbridge from_vec", |b| {
         b.iter(|| {
             let v = vec![0f32; 16];
-            drop(black_box(ManagedTensor::from_vec(black_box(v), &[16]).unwrap()));
+            drop(black_box(OwnedTensor::from_vec(black_box(v), &[16]).unwrap()));
         })
     });
     g.finish();
@@ -71,7 +71,7 @@ fn validate(c: &mut Criterion) {
 }
 
 fn views(c: &mut Criterion) {
-    let ours = ManagedTensor::from_array(Array2::<f32>::zeros((16, 16))).unwrap();
+    let ours = OwnedTensor::from_array(Array2::<f32>::zeros((16, 16))).unwrap();
     let init: dlpark::allocation::dynamic::Initialized<dlpark::ffi::DLManagedTensorVersioned> =
         Box::new(Array2::<f32>::zeros((16, 16))).try_into().unwrap();
     // SAFETY: dlpark's own producer.
@@ -91,8 +91,8 @@ fn views(c: &mut Criterion) {
 
 fn copies(c: &mut Criterion) {
     let src = Array2::<f32>::from_shape_fn((1024, 1024), |(i, j)| (i * 1024 + j) as f32);
-    let transposed = ManagedTensor::from_array(src.clone().reversed_axes()).unwrap();
-    let contiguous = ManagedTensor::from_array(src.clone()).unwrap();
+    let transposed = OwnedTensor::from_array(src.clone().reversed_axes()).unwrap();
+    let contiguous = OwnedTensor::from_array(src.clone()).unwrap();
     let mut g = c.benchmark_group("to_contiguous 4 MiB f32");
     g.sample_size(20);
     g.bench_function("dlbridge contiguous", |b| {

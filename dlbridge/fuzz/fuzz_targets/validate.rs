@@ -5,7 +5,7 @@
 #![no_main]
 
 use dlbridge::ffi::DLTensor;
-use dlbridge::{DataType, DataTypeCode, Device, ManagedTensor, TensorView};
+use dlbridge::{DataType, DataTypeCode, Device, OwnedTensor, TensorView};
 use libfuzzer_sys::fuzz_target;
 
 const BUFFER: usize = 4096;
@@ -56,12 +56,12 @@ fuzz_target!(|input: &[u8]| {
         std::hint::black_box(bytes.iter().map(|&b| u64::from(b)).sum::<u64>());
     }
     if dtype == DataType::UINT8 {
-        if let Ok(array) = view.as_array::<u8, ndarray::IxDyn>() {
+        if let Ok(array) = view.try_as_array::<u8, ndarray::IxDyn>() {
             std::hint::black_box(array.iter().map(|&b| u64::from(b)).sum::<u64>());
         }
     }
     if let Ok(copy) = dlbridge::to_contiguous::<dlbridge::ffi::DLManagedTensorVersioned>(&view) {
-        let copy: ManagedTensor = copy;
+        let copy: OwnedTensor = copy;
         assert_eq!(copy.view().len(), view.len());
     }
 });

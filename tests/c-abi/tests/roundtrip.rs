@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use dlbridge::ManagedTensor;
+use dlbridge::OwnedTensor;
 use dlbridge_c_abi_tests::{dlb_c_consume_sum, dlb_c_deleted_count, dlb_c_make_tensor};
 
 /// The C deleter counter is global: run these tests one at a time.
@@ -14,7 +14,7 @@ fn c_produces_rust_consumes() {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let before = unsafe { dlb_c_deleted_count() };
     // SAFETY: the C function returns an owned, well-formed tensor.
-    let t = unsafe { ManagedTensor::from_raw(dlb_c_make_tensor(2, 3, 0)) }.unwrap();
+    let t = unsafe { OwnedTensor::from_raw(dlb_c_make_tensor(2, 3, 0)) }.unwrap();
     assert_eq!(t.view().shape(), &[2, 3]);
     assert_eq!(t.view().as_slice::<f32>().unwrap(), &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
     drop(t);
@@ -23,9 +23,9 @@ fn c_produces_rust_consumes() {
 
     // Column-major from C: not a slice, but a correct contiguous copy.
     // SAFETY: as above.
-    let t = unsafe { ManagedTensor::from_raw(dlb_c_make_tensor(2, 3, 1)) }.unwrap();
+    let t = unsafe { OwnedTensor::from_raw(dlb_c_make_tensor(2, 3, 1)) }.unwrap();
     assert!(t.view().as_slice::<f32>().is_none() && t.view().is_f_contiguous());
-    let c: ManagedTensor = dlbridge::to_contiguous(t.view()).unwrap();
+    let c: OwnedTensor = dlbridge::to_contiguous(t.view()).unwrap();
     assert_eq!(c.view().as_slice::<f32>().unwrap(), &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
     drop(t);
     // SAFETY: plain counter read.
@@ -55,7 +55,7 @@ fn rust_produces_c_consumes() {
     }
     let data: Vec<f32> = (1..=6).map(|v| v as f32).collect();
     // Reversed columns: C must follow the negative stride.
-    let t = ManagedTensor::from_owner_mut(Owner(data), &[2, 3], Some(&[3, -1])).unwrap();
+    let t = OwnedTensor::from_owner_mut(Owner(data), &[2, 3], Some(&[3, -1])).unwrap();
     // SAFETY: C takes ownership and calls the deleter exactly once.
     let sum = unsafe { dlb_c_consume_sum(t.into_raw()) };
     assert_eq!(sum, 21.0);

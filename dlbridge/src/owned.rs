@@ -1,9 +1,9 @@
 //! Owned tensors: a managed-tensor pointer whose deleter runs exactly once.
 //!
 //! # Ownership contract
-//! A [`Managed`] owns one `DLManagedTensorVersioned` ([`ManagedTensor`]) or
-//! legacy `DLManagedTensor` ([`LegacyManagedTensor`]). It calls the producer's
-//! deleter once, when dropped, unless [`Managed::into_raw`] handed ownership on.
+//! A [`Owned`] owns one `DLManagedTensorVersioned` ([`OwnedTensor`]) or
+//! legacy `DLManagedTensor` ([`OwnedLegacyTensor`]). It calls the producer's
+//! deleter once, when dropped, unless [`Owned::into_raw`] handed ownership on.
 //! A NULL deleter is allowed and means there is nothing to free.
 //!
 //! Taking a pointer is `unsafe` (the pointer must really be an owned managed
@@ -32,6 +32,8 @@ pub trait ManagedAbi: sealed::Sealed + Sized + 'static {
     const CAPSULE_NAME: &'static core::ffi::CStr;
     /// The name a consumer gives the capsule once it owns the struct.
     const USED_CAPSULE_NAME: &'static core::ffi::CStr;
+    /// Whether the struct carries a version and flags (false for the legacy one).
+    const VERSIONED: bool;
 
     /// The ABI version, or `None` for the legacy struct.
     fn version(&self) -> Option<DLPackVersion>;
@@ -83,6 +85,7 @@ macro_rules! prefix_items {
 impl ManagedAbi for DLManagedTensorVersioned {
     const CAPSULE_NAME: &'static core::ffi::CStr = c"dltensor_versioned";
     const USED_CAPSULE_NAME: &'static core::ffi::CStr = c"used_dltensor_versioned";
+    const VERSIONED: bool = true;
 
     fn version(&self) -> Option<DLPackVersion> {
         Some(self.version)
@@ -112,6 +115,7 @@ impl ManagedAbi for DLManagedTensorVersioned {
 impl ManagedAbi for DLManagedTensor {
     const CAPSULE_NAME: &'static core::ffi::CStr = c"dltensor";
     const USED_CAPSULE_NAME: &'static core::ffi::CStr = c"used_dltensor";
+    const VERSIONED: bool = false;
 
     fn version(&self) -> Option<DLPackVersion> {
         None
@@ -139,15 +143,15 @@ impl ManagedAbi for DLManagedTensor {
 /// An owned, validated managed tensor.
 ///
 /// # Ownership contract
-/// A `Managed` owns one `DLManagedTensorVersioned` ([`ManagedTensor`]) or legacy
-/// `DLManagedTensor` ([`LegacyManagedTensor`]). It calls the producer's deleter
-/// once, when dropped, unless [`Managed::into_raw`] handed ownership on. A NULL
+/// A `Owned` owns one `DLManagedTensorVersioned` ([`OwnedTensor`]) or legacy
+/// `DLManagedTensor` ([`OwnedLegacyTensor`]). It calls the producer's deleter
+/// once, when dropped, unless [`Owned::into_raw`] handed ownership on. A NULL
 /// deleter is allowed and means there is nothing to free.
 ///
 /// Taking a pointer is `unsafe` (the pointer must really be an owned managed
 /// tensor); everything after that is safe, because the tensor was validated once,
 /// by [`TensorView::from_dltensor`], on the way in.
-pub struct Managed<M: ManagedAbi> {
+pub struct Owned<M: ManagedAbi> {
     ptr: NonNull<M>,
     /// The validated view. Its `'static` is private: it borrows from `*ptr`, which
     /// lives until `Drop`, and is only handed out re-borrowed from `&self`.
@@ -155,17 +159,17 @@ pub struct Managed<M: ManagedAbi> {
 }
 
 /// An owned `DLManagedTensorVersioned` (DLPack ≥ 1.0).
-pub type ManagedTensor = Managed<DLManagedTensorVersioned>;
+pub type OwnedTensor = Owned<DLManagedTensorVersioned>;
 /// An owned legacy `DLManagedTensor`.
-pub type LegacyManagedTensor = Managed<DLManagedTensor>;
+pub type OwnedLegacyTensor = Owned<DLManagedTensor>;
 
 // SAFETY: DLPack requires a deleter to be callable from any thread (producers
 // take their own locks, such as the GIL), and the view is Send.
-unsafe impl<M: ManagedAbi> Send for Managed<M> {}
-// SAFETY: `&Managed` only allows reads of immutable metadata and data.
-unsafe impl<M: ManagedAbi> Sync for Managed<M> {}
+unsafe impl<M: ManagedAbi> Send for Owned<M> {}
+// SAFETY: `&Owned` only allows reads of immutable metadata and data.
+unsafe impl<M: ManagedAbi> Sync for Owned<M> {}
 
-impl<M: ManagedAbi> Managed<M> {
+impl<M: ManagedAbi> Owned<M> {
     /// Takes ownership of `ptr` and validates it. On any error the deleter has
     /// already been called, as the header requires for a version mismatch.
     ///
@@ -205,9 +209,9 @@ impl<M: ManagedAbi> Managed<M> {
         let padded = managed.flags() & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED != 0;
         // SAFETY: the version matches, so `dl_tensor` has the layout we know; the
         // caller guarantees its pointers. The 'static borrow is confined to
-        // `Managed`, which outlives every use of it.
+        // `Owned`, which outlives every use of it.
         match unsafe { TensorView::from_dltensor(managed.dl_tensor(), padded) } {
-            Ok(view) => Ok(Managed { ptr, view }),
+            Ok(view) => Ok(Owned { ptr, view }),
             Err(err) => Err((err, Some(ptr))),
         }
     }
@@ -217,7 +221,7 @@ impl<M: ManagedAbi> Managed<M> {
     /// # Safety
     /// `ptr` must be an owned managed tensor that `view` describes exactly.
     pub(crate) unsafe fn from_validated(ptr: NonNull<M>, view: TensorView<'static>) -> Self {
-        Managed { ptr, view }
+        Owned { ptr, view }
     }
 
     /// Gives up ownership without calling the deleter, for a C consumer.
@@ -238,13 +242,22 @@ impl<M: ManagedAbi> Managed<M> {
         &self.view
     }
 
-    /// A view through which the data may be written; refused for read-only
-    /// tensors and tensors whose elements overlap.
-    pub fn view_mut(&mut self) -> Result<TensorViewMut<'_>, Error> {
+    /// A view through which the data may be written, with the reason for a
+    /// refusal: read-only tensors, and tensors whose elements overlap.
+    ///
+    /// A legacy tensor cannot say whether its producer allows writes; it is
+    /// taken as writable here, since the caller holds the owning pointer and
+    /// chose to trust it (the Python layer treats it as unknown instead).
+    pub fn try_view_mut(&mut self) -> Result<TensorViewMut<'_>, Error> {
         if self.is_read_only() {
             return Err(Error::ReadOnly);
         }
         TensorViewMut::from_view(self.view.clone())
+    }
+
+    /// Like [`try_view_mut`](Self::try_view_mut), `None` on refusal.
+    pub fn view_mut(&mut self) -> Option<TensorViewMut<'_>> {
+        self.try_view_mut().ok()
     }
 
     /// The ABI version; `None` for a legacy tensor.
@@ -273,7 +286,7 @@ impl<M: ManagedAbi> Managed<M> {
     }
 }
 
-impl<M: ManagedAbi> Managed<M> {
+impl<M: ManagedAbi> Owned<M> {
     fn insert_flags(&mut self, bits: u64) {
         // SAFETY: owned; `flags` is in the stable prefix, and the view holds no
         // reference into the struct itself, only into its shape and strides.
@@ -296,16 +309,16 @@ impl<M: ManagedAbi> Managed<M> {
     }
 }
 
-impl<M: ManagedAbi> Drop for Managed<M> {
+impl<M: ManagedAbi> Drop for Owned<M> {
     fn drop(&mut self) {
         // SAFETY: we own the pointer, and nothing uses it after this.
         unsafe { M::delete(self.ptr) }
     }
 }
 
-impl<M: ManagedAbi> core::fmt::Debug for Managed<M> {
+impl<M: ManagedAbi> core::fmt::Debug for Owned<M> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Managed")
+        f.debug_struct("Owned")
             .field("version", &self.version())
             .field("flags", &self.flags())
             .field("view", &self.view)

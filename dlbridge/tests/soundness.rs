@@ -1,0 +1,138 @@
+//! Safe-API soundness: hostile owners, padded copies, allocation failure.
+//! Run under Miri by `./dev miri`; each test would read freed or wrong memory
+//! (and Miri would say so) if the property it names did not hold.
+
+use std::cell::Cell;
+use std::ops::{Deref, DerefMut};
+
+use dlbridge::ffi::{DLTensor, DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED};
+use dlbridge::{to_contiguous, zeros, DataType, DataTypeCode, Device, Error, OwnedTensor, TensorView};
+
+/// An owner that keeps its elements inline: moving it moves the data.
+struct Inline([f32; 4]);
+
+impl Deref for Inline {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.0
+    }
+}
+
+impl DerefMut for Inline {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.0
+    }
+}
+
+#[test]
+fn inline_owner_is_read_where_it_finally_lives() {
+    let t = OwnedTensor::from_owner_mut(Inline([1.0, 2.0, 3.0, 0xdead as f32]), &[4], None).unwrap();
+    // Moving the tensor handle must not matter either: the owner lives in the block.
+    let moved = Box::new(t);
+    assert_eq!(moved.view().as_slice::<f32>(), Some(&[1.0, 2.0, 3.0, 0xdead as f32][..]));
+    let ro = OwnedTensor::from_owner(Inline([5.0; 4]), &[2, 2], None).unwrap();
+    assert_eq!(ro.view().as_slice::<f32>(), Some(&[5.0; 4][..]));
+}
+
+#[test]
+fn inline_owner_with_negative_strides() {
+    let mut t = OwnedTensor::from_owner_mut(Inline([0.0, 1.0, 2.0, 3.0]), &[4], Some(&[-1])).unwrap();
+    // SAFETY: element 0 of a 4-element tensor is in bounds.
+    assert_eq!(unsafe { *t.view().as_ptr().cast::<f32>() }, 3.0);
+    let mut vm = t.try_view_mut().unwrap();
+    assert!(vm.as_slice_mut::<f32>().is_none(), "not C-contiguous");
+}
+
+/// A `Deref` that answers with a shorter slice on every call after the first.
+struct Shrinking {
+    data: Vec<u8>,
+    calls: Cell<usize>,
+}
+
+impl Deref for Shrinking {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let n = self.calls.get();
+        self.calls.set(n + 1);
+        &self.data[..self.data.len().saturating_sub(n * 4)]
+    }
+}
+
+#[test]
+fn lying_deref_is_asked_once() {
+    let owner = Shrinking { data: vec![7u8; 8], calls: Cell::new(0) };
+    let t = OwnedTensor::from_owner(owner, &[8], None).unwrap();
+    assert_eq!(t.view().as_slice::<u8>(), Some(&[7u8; 8][..]));
+    // A lie that shrinks before the export asks is caught by the bounds check.
+    let owner = Shrinking { data: vec![7u8; 8], calls: Cell::new(1) };
+    let err = OwnedTensor::from_owner(owner, &[8], None).unwrap_err();
+    assert!(matches!(err, Error::OutOfBounds { len: 4, .. }), "{err}");
+}
+
+#[test]
+fn reborrowed_view_reads_what_was_written() {
+    let mut t = OwnedTensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
+    let mut vm = t.try_view_mut().unwrap();
+    vm.as_slice_mut::<f32>().unwrap()[0] = 9.0;
+    assert_eq!(vm.view().as_slice::<f32>().unwrap()[0], 9.0);
+    vm.as_slice_mut::<f32>().unwrap()[1] = 8.0;
+    let done = vm.into_view();
+    assert_eq!(done.as_slice::<f32>(), Some(&[9.0, 8.0, 1.0, 1.0][..]));
+}
+
+fn fp4() -> DataType {
+    DataType::new(DataTypeCode::FLOAT4_E2M1FN, 4, 1)
+}
+
+#[test]
+fn copies_of_padded_sub_byte_stay_padded() {
+    let mut bytes: Vec<u8> = (0u8..6).collect();
+    let (mut shape, mut strides) = ([2i64, 3], [3i64, 1]);
+    let dl = DLTensor {
+        data: bytes.as_mut_ptr().cast(),
+        device: Device::CPU,
+        ndim: 2,
+        dtype: fp4(),
+        shape: shape.as_mut_ptr(),
+        strides: strides.as_mut_ptr(),
+        byte_offset: 0,
+    };
+    // SAFETY: the arrays and the six bytes live for the whole test.
+    let view = unsafe { TensorView::from_dltensor(&dl, true) }.unwrap();
+    let copy: OwnedTensor = to_contiguous(&view).unwrap();
+    assert!(copy.is_subbyte_padded());
+    assert_eq!(copy.flags() & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED, DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED);
+    assert_eq!(copy.view().as_bytes(), Some(&[0u8, 1, 2, 3, 4, 5][..]));
+    // Transposed: the strided path copies one padded byte per element.
+    let (mut shape, mut strides) = ([3i64, 2], [1i64, 3]);
+    let dl = DLTensor { shape: shape.as_mut_ptr(), strides: strides.as_mut_ptr(), ..dl };
+    // SAFETY: as above.
+    let view = unsafe { TensorView::from_dltensor(&dl, true) }.unwrap();
+    let copy: OwnedTensor = to_contiguous(&view).unwrap();
+    assert!(copy.is_subbyte_padded());
+    assert_eq!(copy.view().as_bytes(), Some(&[0u8, 3, 1, 4, 2, 5][..]));
+    // A legacy tensor cannot say it is padded: refused rather than mislabelled.
+    assert!(matches!(to_contiguous::<dlbridge::ffi::DLManagedTensor>(&view), Err(Error::UnsupportedDtype { .. })));
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "Miri stops on an allocation larger than its memory instead of failing it")]
+fn failed_allocations_are_errors() {
+    let err = zeros::<dlbridge::ffi::DLManagedTensorVersioned>(DataType::UINT8, &[1 << 50]).unwrap_err();
+    assert!(matches!(err, Error::AllocationFailed { .. }), "{err}");
+    let mut one = 1.0f64;
+    let (mut shape, mut strides) = ([1i64 << 22, 1 << 22], [0i64, 0]);
+    let dl = DLTensor {
+        data: (&mut one as *mut f64).cast(),
+        device: Device::CPU,
+        ndim: 2,
+        dtype: DataType::FLOAT64,
+        shape: shape.as_mut_ptr(),
+        strides: strides.as_mut_ptr(),
+        byte_offset: 0,
+    };
+    // SAFETY: a broadcast of one live f64.
+    let view = unsafe { TensorView::from_dltensor(&dl, false) }.unwrap();
+    let err = to_contiguous::<dlbridge::ffi::DLManagedTensorVersioned>(&view).unwrap_err();
+    assert!(matches!(err, Error::AllocationFailed { .. }), "{err}");
+}
