@@ -7,7 +7,7 @@
 use core::ffi::{c_void, CStr};
 
 use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned};
-use dlbridge::{LegacyManagedTensor, Managed, ManagedAbi, ManagedTensor, TensorView, TensorViewMut};
+use dlbridge::{OwnedLegacyTensor, Owned, ManagedAbi, OwnedTensor, TensorView, TensorViewMut};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::{ffi, Bound};
@@ -16,58 +16,60 @@ use crate::errors::IntoPyResult;
 
 /// An owned tensor of either ABI.
 #[derive(Debug)]
-pub enum AnyManaged {
+pub enum AnyOwned {
     /// From a `dltensor_versioned` capsule or the exchange API.
-    Versioned(ManagedTensor),
+    Versioned(OwnedTensor),
     /// From a legacy `dltensor` capsule.
-    Legacy(LegacyManagedTensor),
+    Legacy(OwnedLegacyTensor),
 }
 
-impl AnyManaged {
+impl AnyOwned {
     /// The validated view.
     pub fn view(&self) -> &TensorView<'_> {
         match self {
-            AnyManaged::Versioned(t) => t.view(),
-            AnyManaged::Legacy(t) => t.view(),
+            AnyOwned::Versioned(t) => t.view(),
+            AnyOwned::Legacy(t) => t.view(),
         }
     }
 
-    /// A writable view, refused for read-only or overlapping tensors.
-    pub fn view_mut(&mut self) -> Result<TensorViewMut<'_>, dlbridge::Error> {
+    /// A writable view, refused for read-only or overlapping tensors. A legacy
+    /// tensor is not refused here: callers that relay writability check
+    /// [`Writability`](crate::Writability) first, as `PyTensorMut` does.
+    pub fn try_view_mut(&mut self) -> Result<TensorViewMut<'_>, dlbridge::Error> {
         match self {
-            AnyManaged::Versioned(t) => t.view_mut(),
-            AnyManaged::Legacy(t) => t.view_mut(),
+            AnyOwned::Versioned(t) => t.try_view_mut(),
+            AnyOwned::Legacy(t) => t.try_view_mut(),
         }
     }
 
     /// The DLPack flags (0 for legacy tensors).
     pub fn flags(&self) -> u64 {
         match self {
-            AnyManaged::Versioned(t) => t.flags(),
-            AnyManaged::Legacy(_) => 0,
+            AnyOwned::Versioned(t) => t.flags(),
+            AnyOwned::Legacy(_) => 0,
         }
     }
 
     /// Whether the producer marked the data read-only.
     pub fn is_read_only(&self) -> bool {
-        matches!(self, AnyManaged::Versioned(t) if t.is_read_only())
+        matches!(self, AnyOwned::Versioned(t) if t.is_read_only())
     }
 
     /// Whether the producer says it copied the data for us.
     pub fn is_copied(&self) -> bool {
-        matches!(self, AnyManaged::Versioned(t) if t.is_copied())
+        matches!(self, AnyOwned::Versioned(t) if t.is_copied())
     }
 }
 
-impl From<ManagedTensor> for AnyManaged {
-    fn from(t: ManagedTensor) -> Self {
-        AnyManaged::Versioned(t)
+impl From<OwnedTensor> for AnyOwned {
+    fn from(t: OwnedTensor) -> Self {
+        AnyOwned::Versioned(t)
     }
 }
 
-impl From<LegacyManagedTensor> for AnyManaged {
-    fn from(t: LegacyManagedTensor) -> Self {
-        AnyManaged::Legacy(t)
+impl From<OwnedLegacyTensor> for AnyOwned {
+    fn from(t: OwnedLegacyTensor) -> Self {
+        AnyOwned::Legacy(t)
     }
 }
 
@@ -94,7 +96,7 @@ unsafe extern "C" fn destructor<M: ManagedAbi>(capsule: *mut ffi::PyObject) {
 }
 
 /// Wraps an owned tensor in a new capsule named [`ManagedAbi::CAPSULE_NAME`].
-pub fn into_capsule<'py, M: ManagedAbi>(py: Python<'py>, tensor: Managed<M>) -> PyResult<Bound<'py, PyAny>> {
+pub fn into_capsule<'py, M: ManagedAbi>(py: Python<'py>, tensor: Owned<M>) -> PyResult<Bound<'py, PyAny>> {
     let raw = tensor.into_raw();
     // SAFETY: `raw` is an owned managed tensor; the capsule takes it over and its
     // destructor deletes it exactly once unless a consumer renames it.
@@ -102,7 +104,7 @@ pub fn into_capsule<'py, M: ManagedAbi>(py: Python<'py>, tensor: Managed<M>) -> 
         let capsule = ffi::PyCapsule_New(raw.cast::<c_void>(), M::CAPSULE_NAME.as_ptr(), Some(destructor::<M>));
         if capsule.is_null() {
             // Nothing took ownership: delete it here.
-            drop(Managed::<M>::from_raw(raw));
+            drop(Owned::<M>::from_raw(raw));
             return Err(PyErr::fetch(py));
         }
         Ok(Bound::from_owned_ptr(py, capsule))
@@ -129,7 +131,7 @@ pub fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
     unsafe { ffi::PyCapsule_CheckExact(obj.as_ptr()) == 1 }
 }
 
-fn consume_as<M: ManagedAbi>(capsule: &Bound<'_, PyAny>) -> PyResult<Managed<M>> {
+fn consume_as<M: ManagedAbi>(capsule: &Bound<'_, PyAny>) -> PyResult<Owned<M>> {
     // SAFETY: the capsule is valid under this name (checked by the caller), so its
     // pointer is an owned managed tensor that nobody has consumed yet. It is
     // validated without taking ownership; only then is the capsule renamed, so a
@@ -139,7 +141,7 @@ fn consume_as<M: ManagedAbi>(capsule: &Bound<'_, PyAny>) -> PyResult<Managed<M>>
         if ptr.is_null() {
             return Err(PyErr::fetch(capsule.py()));
         }
-        let tensor = Managed::<M>::try_from_raw(ptr).map_err(|(err, _)| err).py()?;
+        let tensor = Owned::<M>::try_from_raw(ptr).map_err(|(err, _)| err).py()?;
         if ffi::PyCapsule_SetName(capsule.as_ptr(), M::USED_CAPSULE_NAME.as_ptr()) != 0 {
             let _ = tensor.into_raw(); // still the capsule's
             return Err(PyErr::fetch(capsule.py()));
@@ -154,20 +156,20 @@ fn consume_as<M: ManagedAbi>(capsule: &Bound<'_, PyAny>) -> PyResult<Managed<M>>
 /// A used capsule, or one with another name, raises ValueError; a capsule whose
 /// tensor is malformed raises BufferError and stays unused, so its producer
 /// frees it.
-pub fn consume_capsule(capsule: &Bound<'_, PyAny>) -> PyResult<AnyManaged> {
+pub fn consume_capsule(capsule: &Bound<'_, PyAny>) -> PyResult<AnyOwned> {
     if !is_capsule(capsule) {
         return Err(PyTypeError::new_err(format!(
             "expected a DLPack capsule, got {}",
-            capsule.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            crate::convert::type_name(capsule)
         )));
     }
     // SAFETY: `PyCapsule_IsValid` only compares names and never raises.
     let valid = |name: &CStr| unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), name.as_ptr()) == 1 };
     if valid(DLManagedTensorVersioned::CAPSULE_NAME) {
-        return consume_as::<DLManagedTensorVersioned>(capsule).map(AnyManaged::Versioned);
+        return consume_as::<DLManagedTensorVersioned>(capsule).map(AnyOwned::Versioned);
     }
     if valid(DLManagedTensor::CAPSULE_NAME) {
-        return consume_as::<DLManagedTensor>(capsule).map(AnyManaged::Legacy);
+        return consume_as::<DLManagedTensor>(capsule).map(AnyOwned::Legacy);
     }
     let name = capsule_name(capsule);
     let used = [DLManagedTensorVersioned::USED_CAPSULE_NAME, DLManagedTensor::USED_CAPSULE_NAME]

@@ -2,17 +2,18 @@
 //! the core's message.
 
 use dlbridge::Error;
-use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyMemoryError, PyTypeError, PyValueError};
 use pyo3::PyErr;
 
 /// The exception for a core error: BufferError when the data cannot be
 /// exchanged as described, ValueError for a bad argument, TypeError for a
-/// request of the wrong element type.
+/// request of the wrong element type, MemoryError when an allocation failed.
 pub fn to_py_err(err: Error) -> PyErr {
     let message = err.to_string();
     match exception_name(&err).to_bytes() {
         b"ValueError" => PyValueError::new_err(message),
         b"TypeError" => PyTypeError::new_err(message),
+        b"MemoryError" => PyMemoryError::new_err(message),
         _ => PyBufferError::new_err(message),
     }
 }
@@ -26,6 +27,7 @@ pub fn exception_name(err: &Error) -> &'static core::ffi::CStr {
         | Error::OutOfBounds { .. }
         | Error::RankMismatch { .. } => c"ValueError",
         Error::DtypeMismatch { .. } => c"TypeError",
+        Error::AllocationFailed { .. } => c"MemoryError",
         _ => c"BufferError",
     }
 }

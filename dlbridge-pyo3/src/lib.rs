@@ -2,9 +2,9 @@
 //!
 //! DLPack for PyO3 extension authors, on top of the Python-free `dlbridge` core.
 //!
-//! - [`PyTensor`]: a `#[pyfunction]` argument that accepts any framework's
-//!   tensor (NumPy, PyTorch, JAX, tvm-ffi, buffer-protocol and array-interface
-//!   exporters) without copying.
+//! - [`PyTensor`], [`PyTensorMut`]: `#[pyfunction]` arguments that accept any
+//!   framework's tensor (NumPy, PyTorch, JAX, tvm-ffi, buffer-protocol and
+//!   array-interface exporters) without copying, to read or to write in place.
 //! - [`Tensor`]: the `dlbridge.Tensor` class, a return type any framework can
 //!   take (`__dlpack__`, buffer protocol, `__array_interface__`).
 //! - [`capsule`]: the capsule lifecycle, for code that handles capsules itself.
@@ -12,16 +12,20 @@
 //!   and `zeros` to a module; the `dlbridge` Python package is just that.
 //!
 //! ```no_run
-//! use dlbridge_pyo3::{PyTensor, Tensor};
+//! use dlbridge_pyo3::{to_py_err, PyTensor, PyTensorMut, Tensor};
 //! use pyo3::prelude::*;
 //!
 //! #[pyfunction]
-//! fn scale(mut x: PyTensor<'_>, factor: f32) -> PyResult<()> {
-//!     let mut view = x.view_mut()?;
-//!     for v in view.try_as_slice_mut::<f32>().map_err(dlbridge_pyo3::to_py_err)? {
+//! fn scale(mut x: PyTensorMut<'_>, factor: f32) -> PyResult<()> {
+//!     for v in x.view_mut()?.try_as_slice_mut::<f32>().map_err(to_py_err)? {
 //!         *v *= factor;
 //!     }
 //!     Ok(())
+//! }
+//!
+//! #[pyfunction]
+//! fn total(x: PyTensor<'_>) -> PyResult<f64> {
+//!     Ok(x.view().try_as_slice::<f64>().map_err(to_py_err)?.iter().sum())
 //! }
 //!
 //! #[pyfunction]
@@ -30,118 +34,64 @@
 //! }
 //! ```
 //!
-//! The crate keeps no global state beyond interned strings and cached keyword
-//! tuples, so several extensions can link it side by side.
+//! ## Where things live
+//! | file | what |
+//! |---|---|
+//! | `import/` | taking tensors from Python: DLPack negotiation, NumPy, buffers, array interfaces |
+//! | `args.rs`, `borrows.rs` | `PyTensor`, `PyTensorMut`, and the byte-range borrows they hold |
+//! | `tensor/` | the `Tensor` class: `__dlpack__`, buffer protocol, `tolist`, `DType` |
+//! | `exchange/` | the C exchange API: our table, and using other types' tables |
+//! | `capsule.rs`, `owner.rs` | capsule lifecycle; Python references a deleter may drop anywhere |
+//! | `writability.rs` | the one rule for read-only, writable and unknown |
+//! | `convert.rs`, `errors.rs` | Python values to core values; core errors to exceptions |
+//!
+//! ## Global state
+//! Interned strings, cached keyword tuples, a per-thread cache of exchange
+//! tables by type, `numpy.ndarray`'s type once seen, and the list of live
+//! argument borrows. Several extensions can link the crate side by side; each
+//! has its own copy, so borrows are tracked per extension.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 // Nothing on an import or export path may panic on foreign input: the few
 // remaining `expect`s are allowed one by one, each with the reason it cannot fire.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::unreachable, clippy::todo, clippy::unimplemented))]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod args;
+mod borrows;
 pub mod capsule;
-pub mod consumer;
+mod convert;
 mod errors;
 pub mod exchange;
+mod functions;
+pub mod import;
 pub mod owner;
 mod tensor;
+#[cfg(feature = "testing")]
+mod testing;
+mod writability;
 
-pub use capsule::AnyManaged;
-pub use consumer::{from_dlpack, import_any, ImportOptions, PyTensor};
+pub use args::{PyTensor, PyTensorMut};
+pub use capsule::AnyOwned;
+pub use convert::parse_device;
 pub use dlbridge;
 pub use errors::to_py_err;
+pub use import::{from_dlpack, import_any, ImportOptions};
 pub use pyo3;
 pub use tensor::{DType, Tensor};
+pub use writability::Writability;
 
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
-
-use crate::errors::IntoPyResult;
-
-/// `from_dlpack(x, /, *, device=None, copy=None)`: a tensor from any DLPack
-/// producer or raw capsule (which is consumed).
-#[pyfunction(name = "from_dlpack")]
-#[pyo3(signature = (x, /, *, device=None, copy=None))]
-fn py_from_dlpack(x: &Bound<'_, PyAny>, device: Option<&Bound<'_, PyAny>>, copy: Option<bool>) -> PyResult<Tensor> {
-    let options = ImportOptions { device: consumer::parse_device(device)?, copy };
-    Ok(Tensor::new(from_dlpack(x, options)?))
-}
-
-/// `asarray(obj, /, *, copy=None)`: a tensor from DLPack, the buffer protocol,
-/// `__array_interface__` or `__cuda_array_interface__`. A `Tensor` is returned
-/// as is unless `copy=True`.
-#[pyfunction]
-#[pyo3(signature = (obj, /, *, copy=None))]
-fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py<PyAny>> {
-    if copy != Some(true) && obj.cast_exact::<Tensor>().is_ok() {
-        return Ok(obj.clone().unbind());
-    }
-    Ok(Bound::new(obj.py(), Tensor::new(import_any(obj, copy)?))?.into_any().unbind())
-}
-
-fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
-    if let Ok(n) = shape.extract::<i64>() {
-        return Ok(vec![n]);
-    }
-    if shape.cast::<PyTuple>().is_ok() || shape.cast::<pyo3::types::PyList>().is_ok() {
-        return shape.extract();
-    }
-    Err(pyo3::exceptions::PyTypeError::new_err(format!("shape must be an int or a sequence of ints, got {shape}")))
-}
-
-/// `empty(shape, dtype="float32")`: a CPU tensor whose memory Rust owns (it is
-/// zero-filled: fresh pages cost the same either way).
-#[pyfunction]
-#[pyo3(signature = (shape, dtype=None))]
-fn empty(shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<Tensor> {
-    zeros(shape, dtype)
-}
-
-/// `zeros(shape, dtype="float32")`: a zero-filled CPU tensor whose memory Rust owns.
-#[pyfunction]
-#[pyo3(signature = (shape, dtype=None))]
-fn zeros(shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<Tensor> {
-    let dtype = match dtype {
-        Some(d) if !d.is_none() => tensor::parse_dtype(d)?,
-        _ => dlbridge::DataType::FLOAT32,
-    };
-    let shape = parse_shape(shape)?;
-    let managed: dlbridge::ManagedTensor = dlbridge::zeros(dtype, &shape).py()?;
-    Ok(Tensor::new(managed))
-}
-
-/// How often each function of dlbridge's exchange-API table ran: a dict with
-/// keys allocator, from_py_object, to_py_object, dltensor_from_py_object and
-/// current_work_stream. For tests that must prove a consumer took the fast path.
-#[pyfunction]
-fn _exchange_api_calls(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
-    let names = ["allocator", "from_py_object", "to_py_object", "dltensor_from_py_object", "current_work_stream"];
-    let dict = pyo3::types::PyDict::new(py);
-    for (name, calls) in names.iter().zip(&exchange::CALLS) {
-        dict.set_item(name, calls.load(std::sync::atomic::Ordering::Relaxed))?;
-    }
-    Ok(dict)
-}
-
-/// Imports `x` through DLPack and drops the owned tensor on a new Rust thread
-/// that has never held the GIL, while this thread waits with the GIL released:
-/// the producer's deleter must cope. For tests.
-#[pyfunction]
-fn _drop_on_rust_thread(py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<()> {
-    let managed = from_dlpack(x, ImportOptions::default())?;
-    py.detach(|| std::thread::spawn(move || drop(managed)).join())
-        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("the dropping thread panicked"))
-}
 
 /// Adds the classes and functions of the `dlbridge` Python package to `module`.
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Tensor>()?;
     module.add_class::<DType>()?;
-    module.add_function(wrap_pyfunction!(py_from_dlpack, module)?)?;
-    module.add_function(wrap_pyfunction!(asarray, module)?)?;
-    module.add_function(wrap_pyfunction!(empty, module)?)?;
-    module.add_function(wrap_pyfunction!(zeros, module)?)?;
-    module.add_function(wrap_pyfunction!(_exchange_api_calls, module)?)?;
-    module.add_function(wrap_pyfunction!(_drop_on_rust_thread, module)?)?;
+    module.add_function(wrap_pyfunction!(functions::py_from_dlpack, module)?)?;
+    module.add_function(wrap_pyfunction!(functions::asarray, module)?)?;
+    module.add_function(wrap_pyfunction!(functions::empty, module)?)?;
+    module.add_function(wrap_pyfunction!(functions::zeros, module)?)?;
+    #[cfg(feature = "testing")]
+    testing::register(module)?;
     let v = dlbridge::ffi::DLPackVersion::CURRENT;
     module.add("DLPACK_VERSION", (v.major, v.minor))?;
     Ok(())

@@ -99,7 +99,7 @@ impl AlignedBuffer {
         if padded && !M::VERSIONED {
             return Err(Error::UnsupportedDtype { dtype, operation: "a legacy tensor, which cannot flag padding," });
         }
-        let numel = crate::view::element_count(shape)?;
+        let numel = crate::layout::element_count(shape)?;
         let needed = dtype
             .storage_bytes(numel as u64, padded)
             .ok_or_else(|| Error::SizeOverflow { shape: shape.to_vec() })?;
@@ -126,7 +126,7 @@ impl Drop for AlignedBuffer {
 /// A zero-filled, writable, row-major CPU tensor of `dtype` and `shape`.
 pub fn zeros<M: ManagedAbi>(dtype: DataType, shape: &[i64]) -> Result<Owned<M>, Error> {
     dtype.validate()?;
-    let numel = crate::view::element_count(shape)?;
+    let numel = crate::layout::element_count(shape)?;
     let bytes = dtype
         .storage_bytes(numel as u64, false)
         .and_then(|b| usize::try_from(b).ok())

@@ -274,36 +274,6 @@ impl DataType {
     pub fn scalar_name(self) -> Option<&'static str> {
         self.entry().map(|e| e.name)
     }
-
-    /// The PEP 3118 format of one element, for single-lane types that have one.
-    pub fn buffer_format(self) -> Option<&'static CStr> {
-        if self.lanes != 1 {
-            return None;
-        }
-        self.entry().and_then(|e| e.buffer_format)
-    }
-
-    /// Parses a PEP 3118 format string of one scalar element, such as `"<f"` or
-    /// `"Zd"`. Byte-order prefixes must name native order.
-    pub fn from_buffer_format(format: &str) -> Option<Self> {
-        let body = match format.as_bytes().first() {
-            Some(b'@' | b'=') => &format[1..],
-            Some(b'<') if cfg!(target_endian = "little") => &format[1..],
-            Some(b'>' | b'!') if cfg!(target_endian = "big") => &format[1..],
-            Some(b'<' | b'>' | b'!') => return None,
-            _ => format,
-        };
-        // Platform-sized C types, for native-order formats.
-        let body = match body {
-            "l" => if core::mem::size_of::<core::ffi::c_long>() == 8 { "q" } else { "i" },
-            "L" => if core::mem::size_of::<core::ffi::c_long>() == 8 { "Q" } else { "I" },
-            "n" => if cfg!(target_pointer_width = "64") { "q" } else { "i" },
-            "N" => if cfg!(target_pointer_width = "64") { "Q" } else { "I" },
-            "c" => "B",
-            other => other,
-        };
-        TABLE.iter().find(|e| e.buffer_format.is_some_and(|f| f.to_bytes() == body.as_bytes())).map(|e| e.dtype)
-    }
 }
 
 impl fmt::Display for DataType {

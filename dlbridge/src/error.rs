@@ -136,6 +136,23 @@ pub enum Error {
         /// The tensor's rank.
         found: usize,
     },
+    /// A dtype spelling of another protocol (a typestr, a buffer format) that
+    /// has no DLPack dtype or cannot be parsed.
+    UnsupportedFormat {
+        /// The spelling given.
+        format: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// A stride in bytes is not a whole number of elements.
+    StrideNotWhole {
+        /// The axis.
+        axis: usize,
+        /// The stride in bytes.
+        byte_stride: i64,
+        /// The element size in bytes.
+        itemsize: usize,
+    },
     /// The allocator could not provide the memory (Python: MemoryError).
     AllocationFailed {
         /// The bytes asked for.
@@ -200,6 +217,11 @@ impl fmt::Display for Error {
             Error::ReadOnly => write!(f, "tensor is read-only"),
             Error::OverlappingMemory => write!(f, "tensor elements overlap in memory, so it cannot be written through"),
             Error::RankMismatch { expected, found } => write!(f, "expected {expected} dimensions, found {found}"),
+            Error::UnsupportedFormat { format, reason } => write!(f, "format {format:?}: {reason}"),
+            Error::StrideNotWhole { axis, byte_stride, itemsize } => write!(
+                f,
+                "stride {byte_stride} of axis {axis} is not a multiple of the itemsize {itemsize}; DLPack counts strides in elements"
+            ),
             Error::AllocationFailed { bytes } => write!(f, "could not allocate {bytes} bytes"),
             Error::UnknownDevice { device } => {
                 write!(f, "device type {} is not one that DLPack defines", device.device_type.0)

@@ -15,7 +15,8 @@ use crate::dtype::{DataType, Element};
 use crate::error::Error;
 use crate::ffi::{DLTensor, DLPACK_FLAG_BITMASK_READ_ONLY};
 use crate::owned::{Owned, ManagedAbi};
-use crate::view::{element_count, element_extent, row_major_strides_into, TensorView, MAX_NDIM};
+use crate::layout::{element_count, extent_of, place_in_buffer, row_major_strides_into, Placement};
+use crate::view::{TensorView, MAX_NDIM};
 use crate::Device;
 
 /// Where a raw export's elements are: the parts of a `DLTensor` other than the pointers.
@@ -219,52 +220,6 @@ fn write_block<M: ManagedAbi, O: Send + 'static>(
     let block = place_owner::<M, O>(owner, layout.shape.len())?;
     // SAFETY: a block fresh from `place_owner` with this ndim.
     Ok(unsafe { fill_block(block, data, layout, numel, flags) })
-}
-
-/// Where a layout sits in a slice: the index of element 0, the element count,
-/// and the element extent `lo..=hi` relative to element 0.
-pub(crate) struct Placement {
-    pub(crate) first: usize,
-    pub(crate) numel: usize,
-    pub(crate) lo: i64,
-    pub(crate) hi: i64,
-}
-
-/// The extent of a layout: the element count and `lo..=hi` relative to element 0.
-pub(crate) fn extent_of(shape: &[i64], strides: Option<&[i64]>) -> Result<Placement, Error> {
-    if shape.len() > MAX_NDIM {
-        return Err(Error::NdimOutOfRange { ndim: shape.len() as i64, max: MAX_NDIM });
-    }
-    let numel = element_count(shape)?;
-    if numel == 0 {
-        return Ok(Placement { first: 0, numel, lo: 0, hi: 0 });
-    }
-    let (lo, hi) = match strides {
-        None => (0, numel as i64 - 1),
-        Some(strides) => {
-            if strides.len() != shape.len() {
-                return Err(Error::StridesLength { expected: shape.len(), found: strides.len() });
-            }
-            element_extent(shape, strides)
-                .ok_or_else(|| Error::ExtentOverflow { shape: shape.to_vec(), strides: strides.to_vec(), byte_offset: 0 })?
-        }
-    };
-    Ok(Placement { first: 0, numel, lo, hi })
-}
-
-/// Checks that a layout's extent stays inside a buffer of `len` elements, and
-/// places element 0 so that the lowest element reached is index 0.
-fn place_in_buffer(place: &mut Placement, len: usize) -> Result<(), Error> {
-    if place.numel == 0 {
-        return Ok(());
-    }
-    // `first + hi` is the highest index reached: it must be below `len`.
-    let first = -place.lo;
-    if first.checked_add(place.hi).filter(|&h| (h as u64) < len as u64).is_none() {
-        return Err(Error::OutOfBounds { lowest: 0, highest: first.saturating_add(place.hi), len });
-    }
-    place.first = first as usize;
-    Ok(())
 }
 
 /// Exports a layout already proven to lie inside a live allocation of `T`s,

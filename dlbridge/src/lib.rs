@@ -58,6 +58,8 @@ pub mod dtype;
 mod error;
 pub mod export;
 pub mod ffi;
+mod formats;
+pub mod layout;
 mod owned;
 #[cfg(feature = "ndarray")]
 mod ndarray;

@@ -9,7 +9,8 @@ use ndarray::{ArcArray, Array, ArrayView, ArrayViewMut, Axis, Dimension, IxDyn, 
 
 use crate::dtype::Element;
 use crate::error::Error;
-use crate::export::{export_placed, extent_of, place_owner};
+use crate::export::{export_placed, place_owner};
+use crate::layout::extent_of;
 use crate::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
 use crate::owned::{Owned, ManagedAbi};
 use crate::view::{TensorView, TensorViewMut};

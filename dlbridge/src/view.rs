@@ -26,6 +26,7 @@ use core::ops::Range;
 use crate::dtype::{DataType, Element};
 use crate::error::Error;
 use crate::ffi::DLTensor;
+use crate::layout::{byte_extent, element_count, element_extent, row_major_strides_into};
 use crate::Device;
 
 /// Most dimensions a tensor may have; NumPy allows the same 64.
@@ -85,62 +86,6 @@ pub struct TensorView<'a> {
 unsafe impl Send for TensorView<'_> {}
 // SAFETY: as above; no method mutates through `&self`.
 unsafe impl Sync for TensorView<'_> {}
-
-/// Hands `put(axis, stride)` the row-major strides of `shape`, last axis first,
-/// saturating on overflow. Returns false if they overflowed, which only an
-/// empty tensor can do (every partial product of a non-empty one is at most its
-/// element count); such strides are never used.
-pub(crate) fn row_major_strides_into(shape: &[i64], mut put: impl FnMut(usize, i64)) -> bool {
-    let (mut acc, mut exact) = (1i64, true);
-    for (axis, &dim) in shape.iter().enumerate().rev() {
-        put(axis, acc);
-        let next = acc.checked_mul(dim.max(1));
-        exact &= next.is_some();
-        acc = next.unwrap_or(i64::MAX);
-    }
-    exact
-}
-
-/// The element count of `shape`, checked against `i64` and `usize`.
-pub(crate) fn element_count(shape: &[i64]) -> Result<usize, Error> {
-    let mut n: i64 = 1;
-    for (axis, &size) in shape.iter().enumerate() {
-        if size < 0 {
-            return Err(Error::NegativeDimension { axis, size });
-        }
-        n = n.checked_mul(size).ok_or_else(|| Error::SizeOverflow { shape: shape.to_vec() })?;
-    }
-    usize::try_from(n).map_err(|_| Error::SizeOverflow { shape: shape.to_vec() })
-}
-
-/// Lowest and highest element index reached by a non-empty layout, relative to
-/// element 0. `None` on overflow (no such tensor fits in memory anyway).
-pub(crate) fn element_extent(shape: &[i64], strides: &[i64]) -> Option<(i64, i64)> {
-    let (mut lo, mut hi) = (0i64, 0i64);
-    for (&dim, &stride) in shape.iter().zip(strides) {
-        let reach = (dim - 1).checked_mul(stride)?;
-        if reach < 0 {
-            lo = lo.checked_add(reach)?;
-        } else {
-            hi = hi.checked_add(reach)?;
-        }
-    }
-    Some((lo, hi))
-}
-
-/// Byte range `lo..hi` that elements `lo_elem..=hi_elem` occupy, relative to
-/// element 0, for elements of `bits` bits, packed or padded to whole bytes.
-fn byte_extent(lo_elem: i64, hi_elem: i64, dtype: DataType, padded: bool) -> Option<(i64, i64)> {
-    let bits = i64::from(dtype.element_bits());
-    if padded || bits % 8 == 0 {
-        let size = (bits + 7) / 8;
-        Some((lo_elem.checked_mul(size)?, hi_elem.checked_add(1)?.checked_mul(size)?))
-    } else {
-        let lo = lo_elem.checked_mul(bits)?.div_euclid(8);
-        let hi = hi_elem.checked_add(1)?.checked_mul(bits)?.checked_add(7)?.div_euclid(8);
-        Some((lo, hi))
-    }
-}
 
 impl<'a> TensorView<'a> {
     /// Validates `tensor` and returns a view of it. `padded` says whether a

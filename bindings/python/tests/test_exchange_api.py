@@ -119,22 +119,19 @@ def test_torch_import_goes_through_torchs_exchange_api(monkeypatch):
     assert c.data_ptr != x.data_ptr() and c.tolist() == x.tolist()
 
 
-def test_legacy_integer_form_is_accepted():
-    """A 1.2 producer publishes the table's address as an int under __c_dlpack_exchange_api__."""
+def test_legacy_integer_form_is_not_followed():
+    """The 1.2 integer form (__c_dlpack_exchange_api__) could be any int: dlbridge never follows it
+    and uses __dlpack__, which every producer that had the integer form also has."""
     address = ctypes.addressof(table(dlbridge.Tensor))
-    source = dlbridge.zeros((2,), "float32")
+    a = np.arange(2.0)
 
     class OldStyle:
         __c_dlpack_exchange_api__ = address
 
         def __dlpack__(self, **kw):
-            raise AssertionError("the exchange API should have been used")
+            return a.__dlpack__(**kw)
 
-    # The table's functions require a dlbridge.Tensor; an OldStyle instance makes the
-    # producer raise TypeError, which proves the table was found and called.
-    with pytest.raises(TypeError, match="not a dlbridge.Tensor"):
-        dlbridge.from_dlpack(OldStyle())
-    assert source.shape == (2,)
+    assert dlbridge.from_dlpack(OldStyle()).tolist() == [0.0, 1.0]
 
 
 def test_incompatible_major_falls_back_to_dlpack():

@@ -130,17 +130,7 @@ def test_dlpack_device_returning_garbage_is_not_trusted():
     assert t.device == (1, 0) and t.data_ptr == a.ctypes.data
 
 
-def test_unknown_device_in_capsule_is_kept_and_refused_for_cpu_access():
+def test_unknown_device_in_capsule_is_refused():
     outcome = run_case("p.tensor.device.device_type = 77")
-    assert outcome["error"] is None and outcome["deleted"] == 1
-    code = (
-        f"import sys; sys.path.insert(0, {str(HERE)!r})\n"
-        "import dlbridge\nfrom dlpack_ctypes import FakeProducer\n"
-        "p = FakeProducer(); p.tensor.device.device_type = 77\n"
-        "t = dlbridge.from_dlpack(p.capsule())\n"
-        "print(t.device)\n"
-        "try:\n    t.tolist()\nexcept BufferError as e:\n    print('refused:', e)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "(77, 0)" in out.stdout and "not accessible from the CPU" in out.stdout
+    assert outcome["error"] == "BufferError" and "device type 77" in outcome["message"]
+    assert outcome["deleted"] == 1

@@ -1,18 +1,39 @@
 """Type stubs for dlbridge's native module. Everything here is re-exported by `dlbridge`."""
 
-from typing import Any, Optional, Sequence, Tuple, Union
+import sys
+from typing import Any, ClassVar, Optional, Sequence, Tuple, Union, final
+
+from typing_extensions import TypeAlias
+
+if sys.version_info >= (3, 13):
+    from types import CapsuleType
+else:
+    from typing_extensions import CapsuleType
+
+__all__ = [
+    "Tensor",
+    "DType",
+    "from_dlpack",
+    "asarray",
+    "empty",
+    "zeros",
+    "DLPACK_VERSION",
+    "__version__",
+]
 
 __version__: str
 DLPACK_VERSION: Tuple[int, int]
 """The DLPack ABI version dlbridge implements, (1, 3)."""
 
-Device = Tuple[int, int]
-"""(device_type, device_id), as `__dlpack_device__` returns: CPU is (1, 0), CUDA device 0 is (2, 0)."""
+_Device: TypeAlias = Tuple[int, int]
+"""(device_type, device_id), as `__dlpack_device__` returns: CPU is (1, 0), CUDA device 0 is (2, 0).
+Stub-only: there is no such name at runtime."""
 
+@final
 class DType:
     """An element type. `str(dtype)` is the canonical name, and `dtype == "float32"` holds."""
 
-    def __init__(self, name: str) -> None:
+    def __new__(cls, name: str) -> "DType":
         """Parses a canonical name such as "float32", "bfloat16", "float8_e4m3fn" or "float32x4"."""
     @property
     def code(self) -> int:
@@ -26,9 +47,10 @@ class DType:
     @property
     def itemsize(self) -> Optional[int]:
         """Bytes per element; None for packed sub-byte types such as float4_e2m1fn."""
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+@final
 class Tensor:
     """An n-dimensional tensor exchanged through DLPack. Immutable as an object; its data may be
     written through other views unless it is read-only."""
@@ -52,7 +74,7 @@ class Tensor:
     def dtype(self) -> DType:
         """Element type."""
     @property
-    def device(self) -> Device:
+    def device(self) -> _Device:
         """Where the memory lives; equal to `__dlpack_device__()`."""
     @property
     def readonly(self) -> bool:
@@ -68,29 +90,36 @@ class Tensor:
         *,
         stream: Optional[int] = None,
         max_version: Optional[Tuple[int, int]] = None,
-        dl_device: Optional[Device] = None,
+        dl_device: Optional[_Device] = None,
         copy: Optional[bool] = None,
-    ) -> Any:
+    ) -> CapsuleType:
         """Exports a DLPack capsule: legacy "dltensor" when max_version is None or below (1, 0), else
         "dltensor_versioned" at version 1.3. copy=True copies and sets IS_COPIED; copy=False never copies.
         A non-None stream on CPU raises ValueError; an unreachable dl_device raises BufferError; a
         read-only tensor asked for a legacy capsule without copy=True raises BufferError."""
-    def __dlpack_device__(self) -> Device:
+    def __dlpack_device__(self) -> _Device:
         """(device_type, device_id) of the memory."""
+    __dlpack_c_exchange_api__: ClassVar[CapsuleType]
+    """The DLPack 1.3 C exchange API: a "dlpack_exchange_api" capsule holding a static table shared by
+    every tensor."""
     @property
     def __array_interface__(self) -> dict:
         """NumPy's array interface, version 3 (CPU-accessible memory only)."""
     @property
     def __cuda_array_interface__(self) -> dict:
         """The CUDA array interface, version 3 (CUDA memory only)."""
-    def __buffer__(self, flags: int) -> memoryview: ...
+    # The buffer protocol (CPU only). Python shows it as these methods from 3.12 on (PEP 688); they
+    # are declared for every version, as typeshed does for bytes, so that type checkers accept a
+    # Tensor wherever a buffer is expected (memoryview(t), bytes(t)).
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...
     def tolist(self) -> Any:
         """The elements as nested lists (CPU only)."""
     def copy(self) -> "Tensor":
         """A C-contiguous copy in fresh, 64-byte aligned memory that Rust owns."""
     def __len__(self) -> int: ...
 
-def from_dlpack(x: Any, /, *, device: Union[None, str, Device] = None, copy: Optional[bool] = None) -> Tensor:
+def from_dlpack(x: Any, /, *, device: Union[None, str, _Device] = None, copy: Optional[bool] = None) -> Tensor:
     """A tensor from any object with `__dlpack__`, or from a raw "dltensor"/"dltensor_versioned" capsule
     (which is consumed). Asks for max_version=(1, 3) and falls back for older producers.
 
@@ -105,8 +134,8 @@ def asarray(obj: Any, /, *, copy: Optional[bool] = None) -> Tensor:
     """A tensor from DLPack, the buffer protocol (bytes, bytearray, memoryview, array.array, mmap),
     `__array_interface__` or `__cuda_array_interface__`, zero-copy unless copy=True."""
 
-def empty(shape: Union[int, Sequence[int]], dtype: Union[str, DType] = "float32") -> Tensor:
-    """A CPU tensor whose memory Rust owns (zero-filled)."""
+def empty(shape: Union[int, Sequence[int]], dtype: Union[None, str, DType] = None) -> Tensor:
+    """A CPU tensor whose memory Rust owns (zero-filled); dtype None means "float32"."""
 
-def zeros(shape: Union[int, Sequence[int]], dtype: Union[str, DType] = "float32") -> Tensor:
-    """A zero-filled CPU tensor whose memory Rust owns."""
+def zeros(shape: Union[int, Sequence[int]], dtype: Union[None, str, DType] = None) -> Tensor:
+    """A zero-filled CPU tensor whose memory Rust owns; dtype None means "float32"."""

@@ -1,0 +1,222 @@
+//! Importing through another type's exchange table, as that type's
+//! `__dlpack__` would, or not at all.
+//!
+//! A table is used only when the class that publishes it is also the class
+//! whose `__dlpack__` the object would run (a subclass that overrides
+//! `__dlpack__` gets its own method). The 1.2 integer form
+//! (`__c_dlpack_exchange_api__`) is not read: any int could be published
+//! there, and every producer that had it also has `__dlpack__`.
+//!
+//! A table skips the checks its producer's `__dlpack__` makes. torch's refuses
+//! tensors that require grad and tensors with the conjugate bit, and its table
+//! does not, so [`Guard::Torch`] makes them here (and refuses the negative bit
+//! too, whose data DLPack would carry un-negated). Any failure of a table falls
+//! back to `__dlpack__`, which raises the producer's own error.
+
+use core::cell::RefCell;
+use core::ffi::c_void;
+
+use dlbridge::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI, DLPackExchangeAPIHeader, DLTensor, DLPACK_MAJOR_VERSION};
+use dlbridge::{Device, OwnedTensor};
+use pyo3::exceptions::PyBufferError;
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+use pyo3::{ffi, intern};
+
+use super::producer::EXCHANGE_API_CAPSULE_NAME;
+use crate::errors::to_py_err;
+
+/// Checks a producer's `__dlpack__` makes that its table does not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// The table checks what `__dlpack__` checks.
+    None,
+    /// `torch.Tensor`: requires_grad, the conjugate and negative bits.
+    Torch,
+}
+
+/// A type's exchange table and the checks to make before using it.
+#[derive(Clone, Copy, Debug)]
+pub struct Table {
+    /// The table.
+    pub api: &'static DLPackExchangeAPI,
+    /// What to check first.
+    pub guard: Guard,
+}
+
+/// The newest table in a chain whose major version this crate speaks.
+///
+/// # Safety
+/// `header` must be NULL or point at a live table whose `prev_api` chain is
+/// NULL-terminated; tables are static by the header's rules.
+unsafe fn compatible(mut header: *const DLPackExchangeAPIHeader) -> Option<&'static DLPackExchangeAPI> {
+    for _ in 0..16 {
+        if header.is_null() {
+            return None;
+        }
+        // SAFETY: forwarded from the caller.
+        let h = unsafe { &*header };
+        if h.version.major == DLPACK_MAJOR_VERSION {
+            // SAFETY: a header with our major heads a `DLPackExchangeAPI` of our layout.
+            return Some(unsafe { &*header.cast::<DLPackExchangeAPI>() });
+        }
+        header = h.prev_api;
+    }
+    None
+}
+
+/// The class in `ty`'s MRO whose `__dict__` defines `name`.
+fn definer<'py>(ty: &Bound<'py, PyType>, name: &Bound<'py, pyo3::types::PyString>) -> Option<Bound<'py, PyAny>> {
+    let dict = intern!(ty.py(), "__dict__");
+    ty.mro().iter().find(|class| class.getattr(dict).and_then(|d| d.contains(name)).unwrap_or(false))
+}
+
+/// Whether `ty` is `torch.Tensor` or a subclass, if torch is imported.
+fn is_torch_tensor_type(ty: &Bound<'_, PyType>) -> bool {
+    let py = ty.py();
+    // SAFETY: GetModule never imports; it returns a new reference or NULL.
+    let torch = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyImport_GetModule(intern!(py, "torch").as_ptr())) };
+    let Some(torch) = torch else {
+        let _ = PyErr::take(py);
+        return false;
+    };
+    let Ok(tensor) = torch.getattr(intern!(py, "Tensor")).and_then(|t| Ok(t.cast_into::<PyType>()?)) else { return false };
+    ty.is_subclass(&tensor).unwrap_or(false)
+}
+
+/// A type's table from its `"dlpack_exchange_api"` capsule, if the class that
+/// publishes it also defines the `__dlpack__` its instances run.
+fn find(ty: &Bound<'_, PyType>) -> Option<Table> {
+    let py = ty.py();
+    let value = ty.getattr(intern!(py, "__dlpack_c_exchange_api__")).ok()?;
+    // SAFETY: a name check on a live object; IsValid never raises.
+    if unsafe { ffi::PyCapsule_IsValid(value.as_ptr(), EXCHANGE_API_CAPSULE_NAME.as_ptr()) } != 1 {
+        return None;
+    }
+    let publisher = definer(ty, intern!(py, "__dlpack_c_exchange_api__"))?;
+    let method_owner = definer(ty, intern!(py, "__dlpack__"))?;
+    if !publisher.is(&method_owner) {
+        return None;
+    }
+    // SAFETY: validated capsule; its pointer is a process-lifetime table.
+    let ptr = unsafe { ffi::PyCapsule_GetPointer(value.as_ptr(), EXCHANGE_API_CAPSULE_NAME.as_ptr()) };
+    // SAFETY: as above.
+    let api = unsafe { compatible(ptr.cast()) }?;
+    let guard = if is_torch_tensor_type(ty) { Guard::Torch } else { Guard::None };
+    Some(Table { api, guard })
+}
+
+thread_local! {
+    /// (type, table) pairs; the types are kept alive (one leaked reference each)
+    /// so that a freed type's address can never be mistaken for a cached one.
+    static CACHE: RefCell<Vec<(usize, Option<Table>)>> = const { RefCell::new(Vec::new()) };
+}
+
+const CACHE_CAPACITY: usize = 32;
+
+/// The exchange table of `obj`'s type, cached per type.
+pub(crate) fn lookup(obj: &Bound<'_, PyAny>) -> Option<Table> {
+    // SAFETY: reading the type pointer of a live object; no reference is taken.
+    let key = unsafe { ffi::Py_TYPE(obj.as_ptr()) } as usize;
+    if let Some(hit) = CACHE.with_borrow(|cache| cache.iter().find(|(k, _)| *k == key).map(|(_, t)| *t)) {
+        return hit;
+    }
+    let ty = obj.get_type();
+    let table = find(&ty);
+    CACHE.with_borrow_mut(|cache| {
+        if cache.len() < CACHE_CAPACITY {
+            // Keep the type alive for as long as the cache names it.
+            core::mem::forget(ty.clone());
+            cache.push((key, table));
+        }
+    });
+    table
+}
+
+/// The refusals of torch's `__dlpack__` that its table skips, with its words.
+fn check_torch(obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = obj.py();
+    if obj.getattr(intern!(py, "requires_grad"))?.is_truthy()? {
+        return Err(PyBufferError::new_err("Can't export tensors that require gradient, use tensor.detach()"));
+    }
+    if obj.call_method0(intern!(py, "is_conj"))?.is_truthy()? {
+        return Err(PyBufferError::new_err("Can't export tensors with the conjugate bit set"));
+    }
+    if obj.call_method0(intern!(py, "is_neg"))?.is_truthy()? {
+        return Err(PyBufferError::new_err(
+            "Can't export tensors with the negative bit set: DLPack would carry the values un-negated; use tensor.resolve_neg()",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the table may be used: `Ok(true)` yes, `Err` the refusal that
+/// `__dlpack__` would make, `Ok(false)` the checks themselves failed (a
+/// subclass whose `__torch_function__` blocks attribute access, say), so the
+/// caller goes through `__dlpack__`, which dispatches as the subclass wants.
+fn check_guard(obj: &Bound<'_, PyAny>, guard: Guard) -> PyResult<bool> {
+    let outcome = match guard {
+        Guard::None => return Ok(true),
+        Guard::Torch => check_torch(obj),
+    };
+    match outcome {
+        Ok(()) => Ok(true),
+        Err(err) if err.is_instance_of::<PyBufferError>(obj.py()) => Err(err),
+        Err(_) => Ok(false),
+    }
+}
+
+/// Owning import through a producer's table. `Ok(None)` means "use
+/// `__dlpack__` instead": there is no usable function, the table failed (its
+/// error is dropped: `__dlpack__` raises the producer's own), or the tensor
+/// is on a device with streams, where this unsynchronised path would race
+/// with pending work.
+pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<OwnedTensor>> {
+    let Some(export) = table.api.managed_tensor_from_py_object_no_sync else { return Ok(None) };
+    if !check_guard(obj, table.guard)? {
+        return Ok(None);
+    }
+    let mut out: *mut DLManagedTensorVersioned = core::ptr::null_mut();
+    // SAFETY: the producer's function, called with an object of the type it was
+    // found on and a writable out pointer; the GIL is held.
+    let rc = unsafe { export(obj.as_ptr().cast(), &mut out) };
+    if rc != 0 || out.is_null() {
+        let _ = PyErr::take(obj.py());
+        return Ok(None);
+    }
+    // SAFETY: an owning export we now own; `from_raw` validates it and deletes it on error.
+    let owned = unsafe { OwnedTensor::from_raw(out) }.map_err(to_py_err)?;
+    if owned.view().device().device_type.has_streams() {
+        return Ok(None);
+    }
+    Ok(Some(owned))
+}
+
+/// Non-owning fill through a producer's table, for a tensor borrowed during a
+/// call. `Ok(None)` means "import it owned instead", as for [`import_owned`].
+pub(crate) fn fill_borrowed(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<DLTensor>> {
+    let Some(fill) = table.api.dltensor_from_py_object_no_sync else { return Ok(None) };
+    if !check_guard(obj, table.guard)? {
+        return Ok(None);
+    }
+    // SAFETY: DLTensor is plain data; the producer fills it.
+    let mut out: DLTensor = unsafe { core::mem::zeroed() };
+    // SAFETY: the producer's function, with an object of its type and a writable DLTensor.
+    if unsafe { fill(obj.as_ptr().cast(), &mut out) } != 0 {
+        let _ = PyErr::take(obj.py());
+        return Ok(None);
+    }
+    Ok(Some(out))
+}
+
+/// The producer's current stream for `device`, or NULL when it has none to report.
+pub fn work_stream(table: Table, device: Device) -> *mut c_void {
+    let mut stream: *mut c_void = core::ptr::null_mut();
+    if let Some(query) = table.api.current_work_stream {
+        // SAFETY: the producer's function with a writable out pointer.
+        if unsafe { query(device.device_type, device.device_id, &mut stream) } != 0 {
+            return core::ptr::null_mut();
+        }
+    }
+    stream
+}

@@ -1,0 +1,52 @@
+//! The module-level functions of the `dlbridge` Python package.
+
+use dlbridge::OwnedTensor;
+use pyo3::prelude::*;
+
+use crate::convert::{parse_device, parse_dtype, parse_shape};
+use crate::errors::IntoPyResult;
+use crate::import::{from_dlpack, import_any, ImportOptions};
+use crate::tensor::Tensor;
+
+/// `from_dlpack(x, /, *, device=None, copy=None)`: a tensor from any DLPack
+/// producer or raw capsule (which is consumed).
+#[pyfunction(name = "from_dlpack")]
+#[pyo3(signature = (x, /, *, device=None, copy=None))]
+pub(crate) fn py_from_dlpack(x: &Bound<'_, PyAny>, device: Option<&Bound<'_, PyAny>>, copy: Option<bool>) -> PyResult<Tensor> {
+    let options = ImportOptions { device: parse_device(device)?, copy };
+    Ok(Tensor::new(from_dlpack(x, options)?))
+}
+
+/// `asarray(obj, /, *, copy=None)`: a tensor from DLPack, the buffer protocol,
+/// `__array_interface__` or `__cuda_array_interface__`. A `Tensor` is returned
+/// as is unless `copy=True`.
+#[pyfunction]
+#[pyo3(signature = (obj, /, *, copy=None))]
+pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py<PyAny>> {
+    if copy != Some(true) && obj.cast_exact::<Tensor>().is_ok() {
+        return Ok(obj.clone().unbind());
+    }
+    Ok(Bound::new(obj.py(), Tensor::new(import_any(obj, copy)?))?.into_any().unbind())
+}
+
+/// `empty(shape, dtype=None)`: a CPU tensor whose memory Rust owns (float32 by
+/// default; zero-filled, since fresh pages cost the same either way).
+#[pyfunction]
+#[pyo3(signature = (shape, dtype=None))]
+pub(crate) fn empty(shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<Tensor> {
+    zeros(shape, dtype)
+}
+
+/// `zeros(shape, dtype=None)`: a zero-filled CPU tensor whose memory Rust owns
+/// (float32 by default). MemoryError when the memory cannot be had.
+#[pyfunction]
+#[pyo3(signature = (shape, dtype=None))]
+pub(crate) fn zeros(shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<Tensor> {
+    let dtype = match dtype {
+        Some(d) if !d.is_none() => parse_dtype(d)?,
+        _ => dlbridge::DataType::FLOAT32,
+    };
+    let shape = parse_shape(shape)?;
+    let owned: OwnedTensor = dlbridge::zeros(dtype, &shape).py()?;
+    Ok(Tensor::new(owned))
+}

@@ -1,0 +1,121 @@
+//! `__array_interface__` and `__cuda_array_interface__` import.
+//!
+//! # Raw addresses
+//! Both interfaces hand over a bare integer address: that is their design, and
+//! NumPy and CuPy trust it the same way. dlbridge checks everything it can see
+//! (the dict's types, the typestr, shape, strides and their overflow, a NULL
+//! address with elements, the version, masks, the CUDA stream value) and keeps
+//! the exporting object alive for as long as the tensor lives. It cannot check
+//! that the address points at memory of that size: an object that lies about
+//! its address can make any consumer of these protocols read or write wild
+//! memory. Only the DLPack and buffer-protocol paths are safe against that.
+
+use core::ffi::c_void;
+
+use dlbridge::export::{export_raw, RawLayout};
+use dlbridge::layout::element_strides_from_bytes;
+use dlbridge::{DataType, Device, OwnedTensor};
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::buffer::import_buffer;
+use crate::capsule::AnyOwned;
+use crate::errors::IntoPyResult;
+use crate::owner::PyOwner;
+
+/// The fields both array interfaces share.
+struct Interface {
+    shape: Vec<i64>,
+    dtype: DataType,
+    data: Option<(usize, bool)>,
+    strides_bytes: Option<Vec<i64>>,
+}
+
+fn parse_interface<'py>(interface: &Bound<'py, PyAny>, which: &str) -> PyResult<(Interface, Bound<'py, PyDict>)> {
+    let dict = interface
+        .cast::<PyDict>()
+        .map_err(|_| PyTypeError::new_err(format!("{which} must be a dict, got {}", interface)))?
+        .clone();
+    let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
+        dict.get_item(key)?.ok_or_else(|| PyValueError::new_err(format!("{which} has no {key:?} key")))
+    };
+    let shape: Vec<i64> = get("shape")?
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("{which}[\"shape\"] must be a tuple of ints")))?;
+    let typestr: String = get("typestr")?
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("{which}[\"typestr\"] must be a str")))?;
+    let dtype = DataType::from_typestr(&typestr).py()?;
+    let data = match dict.get_item("data")? {
+        Some(d) if !d.is_none() => Some(d.extract::<(usize, bool)>().map_err(|_| {
+            PyTypeError::new_err(format!("{which}[\"data\"] must be a (pointer: int, readonly: bool) tuple"))
+        })?),
+        _ => None,
+    };
+    let strides_bytes = match dict.get_item("strides")? {
+        Some(s) if !s.is_none() => Some(
+            s.extract::<Vec<i64>>()
+                .map_err(|_| PyTypeError::new_err(format!("{which}[\"strides\"] must be None or a tuple of ints")))?,
+        ),
+        _ => None,
+    };
+    if dict.get_item("mask")?.is_some_and(|m| !m.is_none()) {
+        return Err(PyBufferError::new_err(format!("{which} with a mask cannot be described by DLPack")));
+    }
+    let version = get("version")?;
+    let v: i64 = version.extract().map_err(|_| PyTypeError::new_err(format!("{which}[\"version\"] must be an int")))?;
+    if !(0..=3).contains(&v) {
+        return Err(PyValueError::new_err(format!("{which} version {v} is not supported (expected up to 3)")));
+    }
+    Ok((Interface { shape, dtype, data, strides_bytes }, dict))
+}
+
+/// Imports an `__array_interface__` (version 3) exporter without copying.
+/// With `"data": None` the object's own buffer is used, as NumPy does.
+pub fn import_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<AnyOwned> {
+    let (parsed, dict) = parse_interface(interface, "__array_interface__")?;
+    let Some((address, readonly)) = parsed.data else {
+        if dict.get_item("offset")?.is_some_and(|o| !o.is_none() && o.extract::<i64>().ok() != Some(0)) {
+            return Err(PyBufferError::new_err("__array_interface__ with data=None and an offset is not supported"));
+        }
+        return import_buffer(obj);
+    };
+    import_pointer(obj, &parsed, address, readonly, Device::CPU)
+}
+
+/// Imports a `__cuda_array_interface__` (versions 0-3) exporter without
+/// touching device memory. The device id is reported as 0: the interface does
+/// not carry one. A `stream` other than None is validated (0 is not allowed)
+/// but not synchronised on, since no CUDA work is done here.
+pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<AnyOwned> {
+    let (parsed, dict) = parse_interface(interface, "__cuda_array_interface__")?;
+    if let Some(stream) = dict.get_item("stream")?.filter(|s| !s.is_none()) {
+        let s: i64 = stream
+            .extract()
+            .map_err(|_| PyTypeError::new_err("__cuda_array_interface__[\"stream\"] must be None or an int"))?;
+        if s == 0 {
+            return Err(PyValueError::new_err(
+                "__cuda_array_interface__ stream 0 is ambiguous and disallowed; use 1 for the legacy default stream",
+            ));
+        }
+    }
+    let (address, readonly) =
+        parsed.data.ok_or_else(|| PyValueError::new_err("__cuda_array_interface__ needs a \"data\" pointer"))?;
+    import_pointer(obj, &parsed, address, readonly, Device::cuda(0))
+}
+
+fn import_pointer(obj: &Bound<'_, PyAny>, parsed: &Interface, address: usize, readonly: bool, device: Device) -> PyResult<AnyOwned> {
+    let strides = match &parsed.strides_bytes {
+        Some(bytes) => Some(element_strides_from_bytes(bytes, &parsed.shape, parsed.dtype.itemsize().unwrap_or(1)).py()?),
+        None => None,
+    };
+    let layout = RawLayout { dtype: parsed.dtype, device, shape: &parsed.shape, strides: strides.as_deref(), byte_offset: 0 };
+    let flags = if readonly { dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
+    // SAFETY: the interface's exporter promises that `address` with this layout
+    // is valid for as long as the object lives (see the module's note on raw
+    // addresses); the owner keeps it alive. The layout itself (NULL data,
+    // overflow, ...) is validated by `export_raw`.
+    let owned: OwnedTensor = unsafe { export_raw(PyOwner::new(obj), address as *mut c_void, layout, flags) }.py()?;
+    Ok(AnyOwned::Versioned(owned))
+}

@@ -1,0 +1,141 @@
+//! Consumer side: take a tensor from any Python producer.
+//!
+//! [`from_dlpack`] speaks DLPack only: our own `Tensor`, raw capsules, NumPy's
+//! arrays (read from NumPy's struct), producers with a C exchange table, and
+//! `__dlpack__` with the array-API negotiation. [`import_any`] adds the buffer
+//! protocol, `__array_interface__` and `__cuda_array_interface__`.
+//!
+//! | file | what it imports |
+//! |---|---|
+//! | `negotiate.rs` | `__dlpack__` calls and their keyword fallbacks |
+//! | `numpy.rs` | exact `numpy.ndarray`, without a capsule |
+//! | `buffer.rs` | buffer-protocol exporters |
+//! | `interface.rs` | both array interfaces (raw addresses: see there) |
+//! | `../exchange/consumer.rs` | types with a DLPack C exchange table |
+
+mod buffer;
+mod interface;
+mod negotiate;
+mod numpy;
+
+use dlbridge::{to_contiguous, Device, OwnedTensor};
+use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+use pyo3::{ffi, intern};
+
+pub use buffer::import_buffer;
+pub use interface::{import_array_interface, import_cuda_array_interface};
+pub(crate) use negotiate::has_dlpack;
+
+use crate::capsule::{consume_capsule, is_capsule, AnyOwned};
+use crate::convert::type_name;
+use crate::errors::IntoPyResult;
+use crate::exchange;
+use crate::tensor::Tensor;
+
+/// What the caller asks of an import.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// The device the result must be on; `None` keeps the producer's.
+    pub device: Option<Device>,
+    /// `Some(true)`: the result owns fresh memory. `Some(false)`: never copy.
+    /// `None`: copy only if needed.
+    pub copy: Option<bool>,
+}
+
+/// Whether memory on `device` can be handed to a consumer that asked for `wanted`.
+pub(crate) fn reaches(device: Device, wanted: Device) -> bool {
+    wanted == device || (wanted == Device::CPU && device.is_cpu_accessible())
+}
+
+/// Applies `device` and `copy` to an imported tensor.
+fn finish(owned: AnyOwned, options: ImportOptions) -> PyResult<AnyOwned> {
+    let device = owned.view().device();
+    if let Some(wanted) = options.device {
+        if !reaches(device, wanted) {
+            if options.copy == Some(false) {
+                return Err(PyValueError::new_err(format!(
+                    "the tensor is on {device}, not {wanted}, and copy=False forbids moving it"
+                )));
+            }
+            return Err(PyBufferError::new_err(format!("cannot move a tensor from {device} to {wanted}")));
+        }
+    }
+    match options.copy {
+        Some(true) if !owned.is_copied() => {
+            let copied: OwnedTensor = to_contiguous(owned.view()).py()?;
+            Ok(AnyOwned::Versioned(copied))
+        }
+        Some(false) if owned.is_copied() => Err(PyBufferError::new_err(
+            "the producer copied the data (IS_COPIED is set) although copy=False was requested",
+        )),
+        _ => Ok(owned),
+    }
+}
+
+/// Imports through DLPack: a raw `dltensor`/`dltensor_versioned` capsule (which
+/// is consumed) or any object with `__dlpack__`.
+///
+/// Raises TypeError for an object with neither, ValueError for a used or
+/// foreign capsule, BufferError for a tensor that cannot be imported, and
+/// ValueError when `copy=False` forbids a needed copy.
+pub fn from_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<AnyOwned> {
+    if let Ok(tensor) = obj.cast_exact::<Tensor>() {
+        return finish(Tensor::share(tensor)?, options);
+    }
+    if is_capsule(obj) {
+        return finish(consume_capsule(obj)?, options);
+    }
+    if let Some(owned) = numpy::import(obj)? {
+        return finish(AnyOwned::Versioned(owned), options);
+    }
+    if let Some(table) = exchange::lookup(obj) {
+        if let Some(owned) = exchange::import_owned(obj, table)? {
+            return finish(AnyOwned::Versioned(owned), options);
+        }
+    }
+    let capsule = match negotiate::request_capsule(obj, options) {
+        // A producer that cannot copy still gets the caller a copy: import the
+        // tensor as it is, then copy here. tvm-ffi refuses with BufferError,
+        // TensorFlow with RuntimeError; if the plain import fails too, the
+        // producer's first answer is the one reported.
+        Err(err) if options.copy == Some(true) => {
+            negotiate::request_capsule(obj, ImportOptions { copy: None, ..options }).map_err(|_| err)?
+        }
+        other => other?,
+    };
+    finish(consume_capsule(&capsule)?, options)
+}
+
+/// Imports from anything that exposes DLPack, the buffer protocol,
+/// `__array_interface__` or `__cuda_array_interface__`, tried in that order.
+pub fn import_any(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<AnyOwned> {
+    let py = obj.py();
+    let options = ImportOptions { device: None, copy };
+    if obj.cast_exact::<Tensor>().is_ok() || is_capsule(obj) || has_dlpack(obj) {
+        return from_dlpack(obj, options);
+    }
+    // SAFETY: a type-slot check on a live object.
+    let owned = if unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1 {
+        import_buffer(obj)?
+    } else if let Some(interface) = optional_attr(obj, intern!(py, "__array_interface__"))? {
+        import_array_interface(obj, &interface)?
+    } else if let Some(interface) = optional_attr(obj, intern!(py, "__cuda_array_interface__"))? {
+        import_cuda_array_interface(obj, &interface)?
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "cannot make a tensor from {}: it has no __dlpack__, buffer protocol, __array_interface__ or __cuda_array_interface__",
+            type_name(obj)
+        )));
+    };
+    finish(owned, options)
+}
+
+fn optional_attr<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    match obj.getattr(name) {
+        Ok(value) => Ok(Some(value)),
+        Err(err) if err.is_instance_of::<PyAttributeError>(obj.py()) => Ok(None),
+        Err(err) => Err(err),
+    }
+}

@@ -1,0 +1,159 @@
+//! The NumPy fast path: an exact `numpy.ndarray` read from NumPy's public struct
+//! instead of a capsule, giving the tensor `__dlpack__` would give (READ_ONLY
+//! when not writeable) without NumPy's allocation and deleter.
+//!
+//! The type is recognised by identity with `numpy.ndarray` taken from the
+//! imported `numpy` module, never by name: any class may call itself
+//! "numpy.ndarray", and its memory is not NumPy's struct.
+
+use core::ffi::c_void;
+use core::sync::atomic::{AtomicPtr, Ordering};
+
+use dlbridge::export::{export_raw, RawLayout};
+use dlbridge::layout::element_stride;
+use dlbridge::{DataType, Device, OwnedTensor};
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+use crate::convert::SmallI64;
+use crate::errors::IntoPyResult;
+use crate::owner::PyOwner;
+
+/// NumPy's public array struct (`PyArrayObject_fields`), up to `flags`; these
+/// fields have the same offsets in NumPy 1.x and 2.x.
+#[repr(C)]
+struct NumpyArrayFields {
+    ob_base: ffi::PyObject,
+    data: *mut c_void,
+    nd: core::ffi::c_int,
+    dimensions: *const isize,
+    strides: *const isize,
+    base: *mut ffi::PyObject,
+    descr: *const NumpyDescrFields,
+    flags: core::ffi::c_int,
+}
+
+/// The head of NumPy's `PyArray_Descr`, up to `type_num` (same offsets in 1.x and 2.x).
+#[repr(C)]
+struct NumpyDescrFields {
+    ob_base: ffi::PyObject,
+    typeobj: *mut ffi::PyTypeObject,
+    kind: core::ffi::c_char,
+    type_char: core::ffi::c_char,
+    byteorder: core::ffi::c_char,
+    former_flags: core::ffi::c_char,
+    type_num: core::ffi::c_int,
+}
+
+const NPY_ARRAY_WRITEABLE: core::ffi::c_int = 0x0400;
+
+/// The dtype of a NumPy builtin type number, for the types DLPack shares with NumPy.
+fn numpy_dtype(type_num: core::ffi::c_int) -> Option<DataType> {
+    let long = if core::mem::size_of::<core::ffi::c_long>() == 8 { (DataType::INT64, DataType::UINT64) } else { (DataType::INT32, DataType::UINT32) };
+    Some(match type_num {
+        0 => DataType::BOOL,
+        1 => DataType::INT8,
+        2 => DataType::UINT8,
+        3 => DataType::INT16,
+        4 => DataType::UINT16,
+        5 => DataType::INT32,
+        6 => DataType::UINT32,
+        7 => long.0,
+        8 => long.1,
+        9 => DataType::INT64,
+        10 => DataType::UINT64,
+        11 => DataType::FLOAT32,
+        12 => DataType::FLOAT64,
+        14 => DataType::COMPLEX64,
+        15 => DataType::COMPLEX128,
+        23 => DataType::FLOAT16,
+        _ => return None,
+    })
+}
+
+/// `numpy.ndarray`, once seen in an imported `numpy` module (a static type: it
+/// lives as long as the process).
+static NDARRAY_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(core::ptr::null_mut());
+
+/// `numpy.ndarray` from `sys.modules`, without importing NumPy.
+fn imported_ndarray_type(py: Python<'_>) -> Option<*mut ffi::PyTypeObject> {
+    // SAFETY: with the GIL held; GetModule returns a new reference or NULL, and
+    // never imports.
+    let module = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyImport_GetModule(pyo3::intern!(py, "numpy").as_ptr())) };
+    let Some(module) = module else {
+        let _ = PyErr::take(py);
+        return None;
+    };
+    let ty = module.getattr(pyo3::intern!(py, "ndarray")).ok()?;
+    let ty = ty.cast_into::<pyo3::types::PyType>().ok()?;
+    let ptr = ty.as_type_ptr();
+    // Kept alive for the process, as the cache requires.
+    core::mem::forget(ty);
+    Some(ptr)
+}
+
+fn is_exact_ndarray(obj: &Bound<'_, PyAny>) -> bool {
+    // SAFETY: reading the type of a live object.
+    let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
+    let known = NDARRAY_TYPE.load(Ordering::Relaxed);
+    if !known.is_null() {
+        return ty == known;
+    }
+    // Cheap pre-filter before asking sys.modules: only a type with NumPy's name
+    // can be NumPy's type (a name proves nothing; identity decides).
+    // SAFETY: `tp_name` of a live type is a NUL-terminated string.
+    let name = unsafe { core::ffi::CStr::from_ptr((*ty).tp_name) };
+    if name.to_bytes() != b"numpy.ndarray" {
+        return false;
+    }
+    match imported_ndarray_type(obj.py()) {
+        Some(real) => {
+            NDARRAY_TYPE.store(real, Ordering::Relaxed);
+            ty == real
+        }
+        None => false,
+    }
+}
+
+/// Zero-copy import of an exact `numpy.ndarray` of a standard numeric dtype.
+/// `None` for anything else, which goes through `__dlpack__`.
+pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<OwnedTensor>> {
+    if !is_exact_ndarray(obj) {
+        return Ok(None);
+    }
+    // SAFETY: `obj` is an exact numpy.ndarray (its type is the one the numpy
+    // module exports), whose object starts with these public fields; its descr
+    // is a live PyArray_Descr.
+    let (array, descr) = unsafe {
+        let array = &*obj.as_ptr().cast::<NumpyArrayFields>();
+        (array, &*array.descr)
+    };
+    let native = if cfg!(target_endian = "little") { b'<' } else { b'>' };
+    let Some(dtype) = numpy_dtype(descr.type_num) else { return Ok(None) };
+    if !matches!(descr.byteorder as u8, b'=' | b'|') && descr.byteorder as u8 != native {
+        return Ok(None);
+    }
+    let ndim = match usize::try_from(array.nd) {
+        Ok(n) if n <= dlbridge::MAX_NDIM => n,
+        _ => return Ok(None),
+    };
+    let itemsize = dtype.itemsize().unwrap_or(1);
+    let (dims, byte_strides) = if ndim == 0 {
+        (&[][..], &[][..])
+    } else {
+        // SAFETY: a live array with nd > 0 has `nd` dimensions and strides, which
+        // live as long as the array.
+        unsafe { (core::slice::from_raw_parts(array.dimensions, ndim), core::slice::from_raw_parts(array.strides, ndim)) }
+    };
+    let shape = SmallI64::map(dims, |_, d| d as i64);
+    let Ok(strides) = SmallI64::try_map(byte_strides, |axis, s| element_stride(axis, s as i64, dims[axis] as i64, itemsize))
+    else {
+        return Ok(None); // NumPy's own export refuses these; let it say so.
+    };
+    let flags = if array.flags & NPY_ARRAY_WRITEABLE == 0 { dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
+    let layout = RawLayout { dtype, device: Device::CPU, shape: shape.as_slice(), strides: Some(strides.as_slice()), byte_offset: 0 };
+    // SAFETY: the array's data is valid for its own layout for as long as the
+    // array lives, which the owner guarantees; the layout is validated again.
+    let owned = unsafe { export_raw(PyOwner::new(obj), array.data, layout, flags) }.py()?;
+    Ok(Some(owned))
+}

@@ -1,0 +1,234 @@
+//! `Tensor.__dlpack__`: the producer side of the array API's DLPack protocol.
+//!
+//! A legacy `dltensor` capsule when `max_version` is None or below 1.0, else a
+//! `dltensor_versioned` at 1.3, flags set as the [writability rule](crate::writability)
+//! says. Installed as a `METH_FASTCALL | METH_KEYWORDS` method descriptor with
+//! keyword names matched by identity, which PyO3's generic parser cannot offer.
+
+use dlbridge::export::export_view;
+use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED};
+use dlbridge::{to_contiguous, Device, DeviceType, ManagedAbi, Owned, OwnedTensor};
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::impl_::trampoline::{fastcall_cfunction_with_keywords, MethodDef};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyString, PyTuple};
+use pyo3::{ffi, intern, Borrowed};
+
+use super::Tensor;
+use crate::capsule::into_capsule;
+use crate::convert::parse_device_tuple;
+use crate::errors::IntoPyResult;
+use crate::import::reaches;
+use crate::owner::PyOwner;
+
+/// The parsed keywords of `__dlpack__`.
+pub(super) struct ExportRequest {
+    legacy: bool,
+    device: Device,
+    copy: Option<bool>,
+}
+
+fn parse_max_version(max_version: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+    let Some(v) = max_version.filter(|v| !v.is_none()) else { return Ok(true) };
+    let (major, _minor): (i64, i64) = v
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("max_version must be None or a (major, minor) tuple of ints, got {v}")))?;
+    Ok(major < 1)
+}
+
+fn parse_copy(copy: Option<&Bound<'_, PyAny>>) -> PyResult<Option<bool>> {
+    match copy.filter(|c| !c.is_none()) {
+        None => Ok(None),
+        Some(c) => c
+            .cast::<PyBool>()
+            .map(|b| Some(b.is_true()))
+            .map_err(|_| PyTypeError::new_err(format!("copy must be None, True or False, got {c}"))),
+    }
+}
+
+/// Checks `stream` against the spec's rules for the device. No work is pending
+/// on any stream for a dlbridge tensor, so a valid stream needs no synchronisation.
+fn check_stream(stream: Option<&Bound<'_, PyAny>>, device: Device) -> PyResult<()> {
+    let Some(stream) = stream.filter(|s| !s.is_none()) else { return Ok(()) };
+    if !device.device_type.has_streams() {
+        return Err(PyValueError::new_err(format!(
+            "stream must be None for a tensor on {device}, which has no streams; got {stream}"
+        )));
+    }
+    let value: i64 = stream
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("stream must be None or an int, got {stream}")))?;
+    let valid = match device.device_type {
+        DeviceType::ROCM => value == -1 || value == 0 || value > 2,
+        _ => value == -1 || value >= 1,
+    };
+    if !valid {
+        return Err(PyValueError::new_err(format!("stream {value} is not valid for a tensor on {device}")));
+    }
+    Ok(())
+}
+
+impl Tensor {
+    pub(super) fn parse_request(
+        &self,
+        stream: Option<&Bound<'_, PyAny>>,
+        max_version: Option<&Bound<'_, PyAny>>,
+        dl_device: Option<&Bound<'_, PyAny>>,
+        copy: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<ExportRequest> {
+        let legacy = parse_max_version(max_version)?;
+        let copy = parse_copy(copy)?;
+        let own = self.view().device();
+        let device = match dl_device.filter(|d| !d.is_none()) {
+            None => own,
+            Some(d) => {
+                let wanted = parse_device_tuple(d, "dl_device")?;
+                if reaches(own, wanted) {
+                    wanted
+                } else if copy == Some(false) {
+                    return Err(PyBufferError::new_err(format!(
+                        "exporting to {wanted} would need a copy from {own}, and copy=False forbids it"
+                    )));
+                } else {
+                    return Err(PyBufferError::new_err(format!("unsupported device requested: {wanted} (tensor is on {own})")));
+                }
+            }
+        };
+        check_stream(stream, device)?;
+        if legacy && !self.writability.allows_legacy_export() && copy != Some(true) {
+            return Err(PyBufferError::new_err(
+                "cannot export a read-only tensor as a legacy DLPack capsule, which cannot signal read-only; \
+                 pass max_version=(1, 0) or higher, or copy=True",
+            ));
+        }
+        if legacy && self.view().is_subbyte_padded() {
+            return Err(PyBufferError::new_err("a padded sub-byte tensor needs a versioned capsule to say so"));
+        }
+        Ok(ExportRequest { legacy, device, copy })
+    }
+
+    /// An owning versioned export sharing this tensor's memory, as
+    /// `__dlpack__(max_version=(1, 3))` gives; for the exchange API.
+    pub(crate) fn export_versioned(slf: &Bound<'_, Self>) -> PyResult<OwnedTensor> {
+        let request = ExportRequest { legacy: false, device: slf.get().view().device(), copy: None };
+        Self::export::<DLManagedTensorVersioned>(slf, &request)
+    }
+
+    /// An owning legacy export sharing this tensor's memory.
+    pub(crate) fn export_legacy(slf: &Bound<'_, Self>) -> PyResult<dlbridge::OwnedLegacyTensor> {
+        let request = ExportRequest { legacy: true, device: slf.get().view().device(), copy: None };
+        Self::export::<DLManagedTensor>(slf, &request)
+    }
+
+    /// A managed tensor of ABI `M` sharing this tensor's memory, or a fresh copy.
+    fn export<M: ManagedAbi>(slf: &Bound<'_, Self>, request: &ExportRequest) -> PyResult<Owned<M>> {
+        let this = slf.get();
+        let view = this.view();
+        if request.copy == Some(true) {
+            return to_contiguous::<M>(view).py();
+        }
+        let mut flags = this.writability.flags();
+        if view.is_subbyte_padded() {
+            flags |= DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
+        }
+        // SAFETY: the memory is this tensor's, valid for its validated layout for
+        // as long as the tensor object lives, which the owner guarantees. It is
+        // written only if the tensor is writable (READ_ONLY is set otherwise,
+        // and a legacy export is only made of memory not known read-only).
+        // `request.device` reaches the same memory (checked by `parse_request`).
+        unsafe { export_view(PyOwner::new(slf.as_any()), view, request.device, flags) }.py()
+    }
+}
+
+pub(super) const DLPACK_DOC: &core::ffi::CStr = c"__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nThe DLPack export, per the array API: a legacy \"dltensor\" capsule when max_version is None or below (1, 0), else a \"dltensor_versioned\" capsule at version 1.3.";
+
+const DLPACK_KEYWORDS: [&str; 4] = ["stream", "max_version", "dl_device", "copy"];
+
+/// The keyword arguments of a `__dlpack__` vectorcall, by position in [`DLPACK_KEYWORDS`].
+///
+/// # Safety
+/// `args`, `nargsf` and `kwnames` must be those of a vectorcall made with the GIL held.
+unsafe fn dlpack_keywords<'a, 'py>(
+    py: Python<'py>,
+    args: *const *mut ffi::PyObject,
+    nargsf: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<[Option<Borrowed<'a, 'py, PyAny>>; 4]> {
+    // SAFETY: forwarded from the caller.
+    let nargs = unsafe { ffi::PyVectorcall_NARGS(nargsf as usize) };
+    if nargs != 0 {
+        return Err(PyTypeError::new_err(format!("__dlpack__() takes 0 positional arguments but {nargs} were given")));
+    }
+    let mut found = [None, None, None, None];
+    if kwnames.is_null() {
+        return Ok(found);
+    }
+    let interned = [intern!(py, "stream"), intern!(py, "max_version"), intern!(py, "dl_device"), intern!(py, "copy")];
+    // SAFETY: `kwnames` is a tuple of str; the values follow the positional
+    // arguments in `args`, one per name, all borrowed for the call.
+    let names: Borrowed<'a, 'py, PyAny> = unsafe { Borrowed::from_ptr(py, kwnames) };
+    let names = names.cast::<PyTuple>()?;
+    for (i, name) in names.iter().enumerate() {
+        let slot = interned.iter().position(|k| k.as_ptr() == name.as_ptr()).or_else(|| {
+            let name = name.cast::<PyString>().ok()?.to_cow().ok()?;
+            DLPACK_KEYWORDS.iter().position(|k| *k == name)
+        });
+        let Some(slot) = slot else {
+            return Err(PyTypeError::new_err(format!("__dlpack__() got an unexpected keyword argument {}", name.repr()?)));
+        };
+        if found[slot].is_some() {
+            return Err(PyTypeError::new_err(format!("__dlpack__() got multiple values for argument {}", name.repr()?)));
+        }
+        // SAFETY: see above.
+        found[slot] = Some(unsafe { Borrowed::from_ptr(py, *args.add(nargs as usize + i)) });
+    }
+    Ok(found)
+}
+
+/// The body of `Tensor.__dlpack__`, run by PyO3's trampoline, which attaches
+/// PyO3 to the thread (so that temporary references are released at once,
+/// not deferred) and turns errors and panics into Python exceptions.
+///
+/// # Safety
+/// Called by CPython through the method descriptor, with a `Tensor` self and
+/// the arguments of a vectorcall.
+unsafe fn dlpack_body(
+    py: Python<'_>,
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargsf: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<*mut ffi::PyObject> {
+    // SAFETY: a method descriptor of Tensor only calls this with a Tensor `self`;
+    // the arguments are those of this vectorcall.
+    let (slf, [stream, max_version, dl_device, copy]) = unsafe {
+        (Borrowed::from_ptr(py, slf).cast_unchecked::<Tensor>(), dlpack_keywords(py, args, nargsf, kwnames)?)
+    };
+    let request = slf.get().parse_request(stream.as_deref(), max_version.as_deref(), dl_device.as_deref(), copy.as_deref())?;
+    let capsule = if request.legacy {
+        into_capsule(py, Tensor::export::<DLManagedTensor>(&slf, &request)?)?
+    } else {
+        into_capsule(py, Tensor::export::<DLManagedTensorVersioned>(&slf, &request)?)?
+    };
+    Ok(capsule.into_ptr())
+}
+
+struct DlpackMethod;
+
+// PyO3's own `#[pymethods]` use this trampoline; it is public but hidden, and
+// pinned with PyO3 by Cargo.lock.
+impl MethodDef<fastcall_cfunction_with_keywords::Func> for DlpackMethod {
+    const METH: fastcall_cfunction_with_keywords::Func = dlpack_body;
+}
+
+/// The method definition behind `Tensor.__dlpack__`.
+pub(super) fn method_def() -> ffi::PyMethodDef {
+    ffi::PyMethodDef {
+        ml_name: c"__dlpack__".as_ptr(),
+        ml_meth: ffi::PyMethodDefPointer {
+            PyCFunctionFastWithKeywords: fastcall_cfunction_with_keywords::<DlpackMethod>,
+        },
+        ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+        ml_doc: DLPACK_DOC.as_ptr(),
+    }
+}

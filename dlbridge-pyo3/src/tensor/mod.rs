@@ -1,0 +1,247 @@
+//! `dlbridge.Tensor`: an inspectable, standard-exact tensor that any framework
+//! can take, and `dlbridge.DType`.
+//!
+//! A `Tensor` owns one managed tensor (imported, or made from Rust memory) and
+//! is immutable as a Python object.
+//!
+//! | file | what |
+//! |---|---|
+//! | `dlpack.rs` | `__dlpack__`: negotiation, flags, the capsule |
+//! | `buffer.rs` | the buffer protocol and both array interfaces |
+//! | `tolist.rs` | `tolist()` |
+//! | `dtype.rs` | `dlbridge.DType` |
+
+mod buffer;
+mod dlpack;
+mod dtype;
+mod tolist;
+
+use core::ffi::c_int;
+
+use dlbridge::{to_contiguous, DeviceType, Element, OwnedTensor, TensorView};
+use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use pyo3::ffi;
+
+pub use dtype::DType;
+
+use crate::capsule::AnyOwned;
+use crate::convert::device_tuple;
+use crate::errors::IntoPyResult;
+use crate::writability::Writability;
+
+/// An n-dimensional tensor exchanged through DLPack.
+#[pyclass(frozen, freelist = 64, module = "dlbridge", name = "Tensor")]
+pub struct Tensor {
+    owned: AnyOwned,
+    writability: Writability,
+}
+
+impl Tensor {
+    /// Wraps an owned tensor; writable only if its producer said so (see
+    /// [`Writability`]).
+    pub fn new(owned: impl Into<AnyOwned>) -> Self {
+        let owned = owned.into();
+        let writability = Writability::of(&owned);
+        Tensor { owned, writability }
+    }
+
+    /// A writable row-major tensor over a `Vec`, without copying.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[i64]) -> PyResult<Self> {
+        Ok(Tensor::new(OwnedTensor::from_vec(data, shape).py()?))
+    }
+
+    /// A tensor over an owned `ndarray` array, without copying.
+    #[cfg(feature = "ndarray")]
+    pub fn from_array<T: Element, D: ndarray::Dimension + Send + 'static>(array: ndarray::Array<T, D>) -> PyResult<Self> {
+        Ok(Tensor::new(OwnedTensor::from_array(array).py()?))
+    }
+
+    /// The validated view.
+    pub fn view(&self) -> &TensorView<'_> {
+        self.owned.view()
+    }
+
+    /// Whether writes are not known to be allowed (read-only, or unknown).
+    pub fn readonly(&self) -> bool {
+        !self.writability.is_writable()
+    }
+
+    /// What the producer said about writes.
+    pub fn writability(&self) -> Writability {
+        self.writability
+    }
+
+    /// The owned tensor.
+    pub fn owned(&self) -> &AnyOwned {
+        &self.owned
+    }
+
+    /// A new owned tensor sharing this one's memory, for `from_dlpack(tensor)`:
+    /// legacy when the writability is unknown, so that it stays unknown.
+    pub(crate) fn share(slf: &Bound<'_, Self>) -> PyResult<AnyOwned> {
+        match slf.get().writability {
+            Writability::Unknown => Tensor::export_legacy(slf).map(AnyOwned::Legacy),
+            _ => Tensor::export_versioned(slf).map(AnyOwned::Versioned),
+        }
+    }
+
+    fn cpu_view(&self) -> PyResult<&TensorView<'_>> {
+        let view = self.view();
+        if !view.device().is_cpu_accessible() {
+            return Err(PyBufferError::new_err(format!("tensor on {} is not accessible from the CPU", view.device())));
+        }
+        Ok(view)
+    }
+}
+
+#[pymethods]
+impl Tensor {
+    /// Extent of each axis.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.view().shape())
+    }
+
+    /// Number of axes.
+    #[getter]
+    fn ndim(&self) -> usize {
+        self.view().ndim()
+    }
+
+    /// Number of elements.
+    #[getter]
+    fn size(&self) -> usize {
+        self.view().len()
+    }
+
+    /// Bytes the elements take when contiguous.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.view().nbytes()
+    }
+
+    /// Stride of each axis, in elements; always filled in.
+    #[getter]
+    fn strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.view().strides())
+    }
+
+    /// Element type.
+    #[getter]
+    fn dtype(&self) -> DType {
+        DType(self.view().dtype())
+    }
+
+    /// `(device_type, device_id)`, as `__dlpack_device__` returns.
+    #[getter]
+    fn device<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        device_tuple(py, self.view().device())
+    }
+
+    /// Whether the data may not be written: True when the producer said so,
+    /// and when it could not say (a legacy capsule).
+    #[getter(readonly)]
+    fn is_readonly(&self) -> bool {
+        self.readonly()
+    }
+
+    /// Whether the producer made a copy for this tensor (IS_COPIED).
+    #[getter]
+    fn is_copied(&self) -> bool {
+        self.owned.is_copied()
+    }
+
+    /// Address of element 0, `byte_offset` applied.
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.view().as_ptr() as usize
+    }
+
+    /// `__dlpack__`, installed as a method descriptor (see `dlpack.rs`).
+    #[classattr]
+    #[pyo3(name = "__dlpack__")]
+    fn dlpack_descriptor(py: Python<'_>) -> PyResult<Py<PyAny>> {
+        // Re-entrant during type creation: PyO3 hands out the type before
+        // filling its dict with class attributes such as this one.
+        let ty = py.get_type::<Tensor>();
+        let def = Box::leak(Box::new(dlpack::method_def()));
+        // SAFETY: the type is live and the method definition is leaked, so it
+        // outlives the descriptor, as CPython requires.
+        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyDescr_NewMethod(ty.as_type_ptr(), def)) }.map(Bound::unbind)
+    }
+
+    /// The DLPack 1.3 C exchange API: a `"dlpack_exchange_api"` capsule holding
+    /// a static table shared by every tensor.
+    #[classattr]
+    fn __dlpack_c_exchange_api__(py: Python<'_>) -> PyResult<Py<PyAny>> {
+        crate::exchange::exchange_api_capsule(py)
+    }
+
+    /// `(device_type, device_id)` of the memory.
+    fn __dlpack_device__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        device_tuple(py, self.view().device())
+    }
+
+    /// NumPy's array interface (version 3), for CPU-accessible tensors.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let device = self.view().device();
+        if !device.is_cpu_accessible() {
+            return Err(PyAttributeError::new_err(format!("__array_interface__ is only offered on the CPU; tensor is on {device}")));
+        }
+        buffer::interface_dict(py, self)
+    }
+
+    /// The CUDA array interface (version 3), for tensors in CUDA memory.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let device = self.view().device();
+        if !matches!(device.device_type, DeviceType::CUDA | DeviceType::CUDA_MANAGED) {
+            return Err(PyAttributeError::new_err(format!("__cuda_array_interface__ is only offered for CUDA memory; tensor is on {device}")));
+        }
+        let dict = buffer::interface_dict(py, self)?;
+        // No work of ours is pending on any stream.
+        dict.set_item("stream", py.None())?;
+        Ok(dict)
+    }
+
+    /// Buffer protocol (CPU only): struct format, shape, byte strides, read-only state.
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        // SAFETY: CPython's own buffer request.
+        unsafe { buffer::get_buffer(slf, view, flags) }
+    }
+
+    unsafe fn __releasebuffer__(&self, view: *mut ffi::Py_buffer) {
+        // SAFETY: a buffer that `__getbuffer__` filled.
+        unsafe { buffer::release_buffer(view) }
+    }
+
+    /// The elements as nested Python lists (CPU only).
+    fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        tolist::tolist(py, self.cpu_view()?)
+    }
+
+    /// A C-contiguous copy in fresh memory that Rust owns.
+    fn copy(&self) -> PyResult<Tensor> {
+        let copied: OwnedTensor = to_contiguous(self.view()).py()?;
+        Ok(Tensor::new(copied))
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        self.view()
+            .shape()
+            .first()
+            .map(|&d| d as usize)
+            .ok_or_else(|| PyTypeError::new_err("len() of a 0-d tensor"))
+    }
+
+    fn __repr__(&self) -> String {
+        let view = self.view();
+        let shape: Vec<String> = view.shape().iter().map(i64::to_string).collect();
+        let shape = if shape.len() == 1 { format!("({},)", shape[0]) } else { format!("({})", shape.join(", ")) };
+        let ro = if self.readonly() { ", readonly" } else { "" };
+        format!("Tensor(shape={shape}, dtype={}, device={}{ro})", view.dtype(), view.device())
+    }
+}

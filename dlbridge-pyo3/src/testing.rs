@@ -1,0 +1,58 @@
+//! Hooks for dlbridge's own test suite, built only with the `testing` feature
+//! (the development build of the Python package turns it on; wheels do not).
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::import::{from_dlpack, ImportOptions};
+
+/// How often each function of dlbridge's exchange-API table ran: a dict with
+/// keys allocator, from_py_object, to_py_object, dltensor_from_py_object and
+/// current_work_stream. For tests that must prove a consumer took the fast path.
+#[pyfunction]
+fn _exchange_api_calls(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let names = ["allocator", "from_py_object", "to_py_object", "dltensor_from_py_object", "current_work_stream"];
+    let dict = PyDict::new(py);
+    for (name, calls) in names.iter().zip(&crate::exchange::CALLS) {
+        dict.set_item(name, calls.load(std::sync::atomic::Ordering::Relaxed))?;
+    }
+    Ok(dict)
+}
+
+/// Imports `x` through DLPack and drops the owned tensor on a new Rust thread
+/// that has never held the GIL, while this thread waits with the GIL released:
+/// the producer's deleter must cope.
+#[pyfunction]
+fn _drop_on_rust_thread(py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<()> {
+    let owned = from_dlpack(x, ImportOptions::default())?;
+    py.detach(|| std::thread::spawn(move || drop(owned)).join())
+        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("the dropping thread panicked"))
+}
+
+/// How many argument borrows are live: 0 between extension calls.
+#[pyfunction]
+fn _live_borrows() -> usize {
+    crate::borrows::live_count()
+}
+
+/// Reads `x` as a [`PyTensor`](crate::PyTensor) and `y` as a
+/// [`PyTensorMut`](crate::PyTensorMut), and adds 1 to each element of `y`:
+/// lets Python tests drive the argument types and their borrow checks.
+#[pyfunction]
+fn _read_then_write(x: crate::PyTensor<'_>, mut y: crate::PyTensorMut<'_>) -> PyResult<usize> {
+    let n = x.view().len();
+    let mut view = y.view_mut()?;
+    for v in view.try_as_slice_mut::<u8>().map_err(crate::to_py_err)? {
+        *v = v.wrapping_add(1);
+    }
+    Ok(n)
+}
+
+/// Adds the test hooks to `module`.
+pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(_exchange_api_calls, module)?)?;
+    module.add_function(wrap_pyfunction!(_drop_on_rust_thread, module)?)?;
+    module.add_function(wrap_pyfunction!(_live_borrows, module)?)?;
+    module.add_function(wrap_pyfunction!(_read_then_write, module)?)?;
+    Ok(())
+}
