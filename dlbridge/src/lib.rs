@@ -71,3 +71,8 @@ pub use dtype::{DataType, DataTypeCode, Element};
 pub use error::Error;
 pub use owned::{OwnedLegacyTensor, Owned, ManagedAbi, OwnedTensor};
 pub use view::{TensorView, TensorViewMut, MAX_NDIM};
+
+/// The README's Rust example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

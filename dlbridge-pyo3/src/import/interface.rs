@@ -1,14 +1,7 @@
 //! `__array_interface__` and `__cuda_array_interface__` import.
 //!
-//! # Raw addresses
-//! Both interfaces hand over a bare integer address: that is their design, and
-//! NumPy and CuPy trust it the same way. dlbridge checks everything it can see
-//! (the dict's types, the typestr, shape, strides and their overflow, a NULL
-//! address with elements, the version, masks, the CUDA stream value) and keeps
-//! the exporting object alive for as long as the tensor lives. It cannot check
-//! that the address points at memory of that size: an object that lies about
-//! its address can make any consumer of these protocols read or write wild
-//! memory. Only the DLPack and buffer-protocol paths are safe against that.
+//! Both interfaces hand over a bare integer address, trusted as NumPy trusts
+//! it; what dlbridge checks and what it cannot is in the README, "Raw addresses".
 
 use core::ffi::c_void;
 
@@ -113,8 +106,8 @@ fn import_pointer(obj: &Bound<'_, PyAny>, parsed: &Interface, address: usize, re
     let layout = RawLayout { dtype: parsed.dtype, device, shape: &parsed.shape, strides: strides.as_deref(), byte_offset: 0 };
     let flags = if readonly { dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
     // SAFETY: the interface's exporter promises that `address` with this layout
-    // is valid for as long as the object lives (see the module's note on raw
-    // addresses); the owner keeps it alive. The layout itself (NULL data,
+    // is valid for as long as the object lives (README, "Raw addresses");
+    // the owner keeps it alive. The layout itself (NULL data,
     // overflow, ...) is validated by `export_raw`.
     let owned: OwnedTensor = unsafe { export_raw(PyOwner::new(obj), address as *mut c_void, layout, flags) }.py()?;
     Ok(AnyOwned::Versioned(owned))
