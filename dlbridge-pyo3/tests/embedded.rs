@@ -1,0 +1,64 @@
+//! The PyO3 layer from Rust, with an embedded interpreter: the argument types,
+//! the writability rule and the capsule lifecycle, with no third-party library.
+
+use dlbridge::DataType;
+use dlbridge_pyo3::{from_dlpack, register, AnyOwned, ImportOptions, PyTensor, PyTensorMut, Tensor, Writability};
+use pyo3::exceptions::PyBufferError;
+use pyo3::prelude::*;
+use pyo3::types::{IntoPyDict, PyByteArray, PyBytes};
+
+fn with_python<R>(f: impl for<'py> FnOnce(Python<'py>) -> PyResult<R>) -> R {
+    Python::initialize();
+    Python::attach(|py| f(py).unwrap_or_else(|err| panic!("{err}")))
+}
+
+#[test]
+fn writable_argument_writes_into_a_bytearray() {
+    with_python(|py| {
+        let data = PyByteArray::new(py, &[1, 2, 3]);
+        let mut arg: PyTensorMut<'_> = data.as_any().extract()?;
+        assert_eq!(arg.view().dtype(), DataType::UINT8);
+        arg.view_mut()?.try_as_slice_mut::<u8>().map_err(dlbridge_pyo3::to_py_err)?[0] = 9;
+        drop(arg);
+        assert_eq!(data.to_vec(), vec![9, 2, 3]);
+        Ok(())
+    })
+}
+
+#[test]
+fn writable_argument_refuses_bytes_and_aliases() {
+    with_python(|py| {
+        let bytes = PyBytes::new(py, b"abcd");
+        let err = bytes.as_any().extract::<PyTensorMut<'_>>().err().expect("bytes are immutable");
+        assert!(err.is_instance_of::<PyBufferError>(py), "{err}");
+        let data = PyByteArray::new(py, &[0; 8]);
+        let reader: PyTensor<'_> = data.as_any().extract()?;
+        let err = data.as_any().extract::<PyTensorMut<'_>>().err().expect("already borrowed to read");
+        assert!(err.to_string().contains("overlaps another argument"), "{err}");
+        drop(reader);
+        let _writer: PyTensorMut<'_> = data.as_any().extract()?;
+        Ok(())
+    })
+}
+
+#[test]
+fn tensor_exports_and_reimports_through_a_capsule() {
+    with_python(|py| {
+        let module = PyModule::new(py, "dlbridge_embedded")?;
+        register(&module)?;
+        let t = Bound::new(py, Tensor::from_vec(vec![1i32, 2, 3, 4, 5, 6], &[2, 3])?)?;
+        let capsule = t.call_method("__dlpack__", (), Some(&[("max_version", (1, 3))].into_py_dict(py)?))?;
+        let owned = from_dlpack(&capsule, ImportOptions::default())?;
+        assert!(matches!(owned, AnyOwned::Versioned(_)));
+        assert_eq!(owned.view().as_slice::<i32>(), Some(&[1, 2, 3, 4, 5, 6][..]));
+        assert_eq!(owned.view().as_ptr(), t.get().view().as_ptr(), "zero-copy");
+        assert!(from_dlpack(&capsule, ImportOptions::default()).is_err(), "a capsule is consumed once");
+        // A legacy export re-imported has unknown writability, relayed as read-only.
+        let legacy = t.call_method0("__dlpack__")?;
+        let relayed = Tensor::new(from_dlpack(&legacy, ImportOptions::default())?);
+        assert_eq!(relayed.writability(), Writability::Unknown);
+        assert!(relayed.readonly());
+        Ok(())
+    })
+}
+
