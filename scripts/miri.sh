@@ -20,6 +20,7 @@ fi
 cd "$ROOT"
 export PROPTEST_CASES="${PROPTEST_CASES:-8}"
 # proptest reads the working directory and the clock, which isolation forbids.
-export MIRIFLAGS="${MIRIFLAGS:--Zmiri-disable-isolation}"
+# Strict provenance: an integer-to-pointer cast is an error, not a warning that Miri may miss bugs.
+export MIRIFLAGS="${MIRIFLAGS:--Zmiri-disable-isolation -Zmiri-strict-provenance}"
 cargo +nightly miri setup >/dev/null 2>&1 || true
 exec cargo +nightly miri test -p dlbridge --all-features "$@"

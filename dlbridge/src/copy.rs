@@ -59,7 +59,7 @@ impl AlignedBuffer {
 
     fn alloc(len: usize, zeroed: bool) -> Result<Self, Error> {
         if len > isize::MAX as usize - HUGE_PAGE {
-            return Err(Error::SizeOverflow { shape: vec![len as i64] });
+            return Err(Error::AllocationFailed { bytes: len });
         }
         let layout = Self::layout(len);
         // SAFETY: the layout has a non-zero size.

@@ -122,7 +122,7 @@ fn malformed_tensors_are_errors_and_still_deleted() {
 #[test]
 fn version_mismatch_never_reads_past_flags() {
     // A major-2 struct whose dl_tensor is garbage: only the prefix may be read.
-    let mut p = Producer::new(0xdead as *mut c_void, DataType::FLOAT32, &[4], None);
+    let mut p = Producer::new(std::ptr::without_provenance_mut(0xdead), DataType::FLOAT32, &[4], None);
     p.managed.version.major = 2;
     p.managed.dl_tensor.ndim = -99;
     p.managed.dl_tensor.shape = std::ptr::dangling_mut::<i64>();
@@ -331,8 +331,9 @@ proptest! {
     ) {
         let mut shape = shape;
         let mut strides = strides;
+        // An address without provenance: only metadata is read, never the data.
         let t = DLTensor {
-            data: data as *mut c_void,
+            data: std::ptr::without_provenance_mut(data),
             device: Device::CPU,
             ndim,
             dtype: DataType::new(DataTypeCode(code), bits, lanes),
