@@ -17,7 +17,7 @@ use core::cell::RefCell;
 use core::ffi::c_void;
 
 use dlbridge::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI, DLPackExchangeAPIHeader, DLTensor, DLPACK_MAJOR_VERSION};
-use dlbridge::{Device, OwnedTensor};
+use dlbridge::{DataType, DataTypeCode, Device, OwnedTensor};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -27,12 +27,39 @@ use super::producer::EXCHANGE_API_CAPSULE_NAME;
 use crate::errors::to_py_err;
 
 /// Checks a producer's `__dlpack__` makes that its table does not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub enum Guard {
     /// The table checks what `__dlpack__` checks.
     None,
     /// `torch.Tensor`: requires_grad, the conjugate and negative bits.
-    Torch,
+    Torch(&'static TorchChecks),
+}
+
+/// torch's own descriptors for the checks, taken once from `torch.Tensor`:
+/// calling them directly skips the instance attribute lookup on every import.
+/// They dispatch to `__torch_function__` themselves, as attribute access would.
+#[derive(Debug)]
+pub struct TorchChecks {
+    requires_grad: Py<PyAny>,
+    is_conj: Py<PyAny>,
+    is_neg: Py<PyAny>,
+}
+
+impl TorchChecks {
+    fn of(tensor_type: &Bound<'_, PyType>) -> Option<&'static TorchChecks> {
+        static CHECKS: pyo3::sync::PyOnceLock<Option<&'static TorchChecks>> = pyo3::sync::PyOnceLock::new();
+        let py = tensor_type.py();
+        *CHECKS.get_or_init(py, || {
+            let get = |name| tensor_type.getattr(name).ok().map(Bound::unbind);
+            let checks = TorchChecks {
+                requires_grad: get(intern!(py, "requires_grad"))?,
+                is_conj: get(intern!(py, "is_conj"))?,
+                is_neg: get(intern!(py, "is_neg"))?,
+            };
+            // One per process, as torch.Tensor itself.
+            Some(Box::leak(Box::new(checks)))
+        })
+    }
 }
 
 /// A type's exchange table and the checks to make before using it.
@@ -71,17 +98,20 @@ fn definer<'py>(ty: &Bound<'py, PyType>, name: &Bound<'py, pyo3::types::PyString
     ty.mro().iter().find(|class| class.getattr(dict).and_then(|d| d.contains(name)).unwrap_or(false))
 }
 
-/// Whether `ty` is `torch.Tensor` or a subclass, if torch is imported.
-fn is_torch_tensor_type(ty: &Bound<'_, PyType>) -> bool {
+/// `torch.Tensor`'s checks, if `ty` is `torch.Tensor` or a subclass and torch is imported.
+fn torch_checks(ty: &Bound<'_, PyType>) -> Option<&'static TorchChecks> {
     let py = ty.py();
     // SAFETY: GetModule never imports; it returns a new reference or NULL.
     let torch = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyImport_GetModule(intern!(py, "torch").as_ptr())) };
     let Some(torch) = torch else {
         let _ = PyErr::take(py);
-        return false;
+        return None;
     };
-    let Ok(tensor) = torch.getattr(intern!(py, "Tensor")).and_then(|t| Ok(t.cast_into::<PyType>()?)) else { return false };
-    ty.is_subclass(&tensor).unwrap_or(false)
+    let tensor = torch.getattr(intern!(py, "Tensor")).ok()?.cast_into::<PyType>().ok()?;
+    if !ty.is_subclass(&tensor).unwrap_or(false) {
+        return None;
+    }
+    TorchChecks::of(&tensor)
 }
 
 /// A type's table from its `"dlpack_exchange_api"` capsule, if the class that
@@ -102,7 +132,10 @@ fn find(ty: &Bound<'_, PyType>) -> Option<Table> {
     let ptr = unsafe { ffi::PyCapsule_GetPointer(value.as_ptr(), EXCHANGE_API_CAPSULE_NAME.as_ptr()) };
     // SAFETY: as above.
     let api = unsafe { compatible(ptr.cast()) }?;
-    let guard = if is_torch_tensor_type(ty) { Guard::Torch } else { Guard::None };
+    let guard = match torch_checks(ty) {
+        Some(checks) => Guard::Torch(checks),
+        None => Guard::None,
+    };
     Some(Table { api, guard })
 }
 
@@ -133,16 +166,41 @@ pub(crate) fn lookup(obj: &Bound<'_, PyAny>) -> Option<Table> {
     table
 }
 
-/// The refusals of torch's `__dlpack__` that its table skips, with its words.
-fn check_torch(obj: &Bound<'_, PyAny>) -> PyResult<()> {
+/// `descriptor(obj)`: a getter or a method of torch.Tensor, applied to `obj`.
+/// True only for Python's `True`.
+fn torch_flag(obj: &Bound<'_, PyAny>, descriptor: &Py<PyAny>, is_getter: bool) -> PyResult<bool> {
     let py = obj.py();
-    if obj.getattr(intern!(py, "requires_grad"))?.is_truthy()? {
+    let descriptor = descriptor.bind(py);
+    // SAFETY: with the GIL; the descriptor and `obj` are live for the call. A
+    // getter is called through its type's `tp_descr_get` slot, a method
+    // descriptor by vectorcall with `obj` as self; both return a new reference
+    // or NULL with an exception set.
+    let result = unsafe {
+        let raw = if is_getter {
+            match (*ffi::Py_TYPE(descriptor.as_ptr())).tp_descr_get {
+                Some(get) => get(descriptor.as_ptr(), obj.as_ptr(), ffi::Py_TYPE(obj.as_ptr()).cast()),
+                None => return Err(pyo3::exceptions::PyTypeError::new_err("torch's requires_grad is not a descriptor")),
+            }
+        } else {
+            let args = [obj.as_ptr()];
+            ffi::PyObject_Vectorcall(descriptor.as_ptr(), args.as_ptr(), 1, core::ptr::null_mut())
+        };
+        Bound::from_owned_ptr_or_err(py, raw)?
+    };
+    // SAFETY: comparing with the `True` singleton.
+    Ok(result.as_ptr() == unsafe { ffi::Py_True() })
+}
+
+/// The refusals of torch's `__dlpack__` that its table skips, with its words.
+/// The conjugate bit exists only on complex tensors, so it is asked only of them.
+fn check_torch(obj: &Bound<'_, PyAny>, checks: &TorchChecks, complex: bool) -> PyResult<()> {
+    if torch_flag(obj, &checks.requires_grad, true)? {
         return Err(PyBufferError::new_err("Can't export tensors that require gradient, use tensor.detach()"));
     }
-    if obj.call_method0(intern!(py, "is_conj"))?.is_truthy()? {
+    if complex && torch_flag(obj, &checks.is_conj, false)? {
         return Err(PyBufferError::new_err("Can't export tensors with the conjugate bit set"));
     }
-    if obj.call_method0(intern!(py, "is_neg"))?.is_truthy()? {
+    if torch_flag(obj, &checks.is_neg, false)? {
         return Err(PyBufferError::new_err(
             "Can't export tensors with the negative bit set: DLPack would carry the values un-negated; use tensor.resolve_neg()",
         ));
@@ -150,14 +208,14 @@ fn check_torch(obj: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
-/// Whether the table may be used: `Ok(true)` yes, `Err` the refusal that
-/// `__dlpack__` would make, `Ok(false)` the checks themselves failed (a
+/// Whether the table's tensor may be used: `Ok(true)` yes, `Err` the refusal
+/// that `__dlpack__` would make, `Ok(false)` the checks themselves failed (a
 /// subclass whose `__torch_function__` blocks attribute access, say), so the
 /// caller goes through `__dlpack__`, which dispatches as the subclass wants.
-fn check_guard(obj: &Bound<'_, PyAny>, guard: Guard) -> PyResult<bool> {
+fn check_guard(obj: &Bound<'_, PyAny>, guard: Guard, dtype: DataType) -> PyResult<bool> {
     let outcome = match guard {
         Guard::None => return Ok(true),
-        Guard::Torch => check_torch(obj),
+        Guard::Torch(checks) => check_torch(obj, checks, dtype.code == DataTypeCode::COMPLEX),
     };
     match outcome {
         Ok(()) => Ok(true),
@@ -173,9 +231,6 @@ fn check_guard(obj: &Bound<'_, PyAny>, guard: Guard) -> PyResult<bool> {
 /// with pending work.
 pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<OwnedTensor>> {
     let Some(export) = table.api.managed_tensor_from_py_object_no_sync else { return Ok(None) };
-    if !check_guard(obj, table.guard)? {
-        return Ok(None);
-    }
     let mut out: *mut DLManagedTensorVersioned = core::ptr::null_mut();
     // SAFETY: the producer's function, called with an object of the type it was
     // found on and a writable out pointer; the GIL is held.
@@ -186,7 +241,7 @@ pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Opt
     }
     // SAFETY: an owning export we now own; `from_raw` validates it and deletes it on error.
     let owned = unsafe { OwnedTensor::from_raw(out) }.map_err(to_py_err)?;
-    if owned.view().device().device_type.has_streams() {
+    if owned.view().device().device_type.has_streams() || !check_guard(obj, table.guard, owned.view().dtype())? {
         return Ok(None);
     }
     Ok(Some(owned))
@@ -196,14 +251,14 @@ pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Opt
 /// call. `Ok(None)` means "import it owned instead", as for [`import_owned`].
 pub(crate) fn fill_borrowed(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<DLTensor>> {
     let Some(fill) = table.api.dltensor_from_py_object_no_sync else { return Ok(None) };
-    if !check_guard(obj, table.guard)? {
-        return Ok(None);
-    }
     // SAFETY: DLTensor is plain data; the producer fills it.
     let mut out: DLTensor = unsafe { core::mem::zeroed() };
     // SAFETY: the producer's function, with an object of its type and a writable DLTensor.
     if unsafe { fill(obj.as_ptr().cast(), &mut out) } != 0 {
         let _ = PyErr::take(obj.py());
+        return Ok(None);
+    }
+    if !check_guard(obj, table.guard, out.dtype)? {
         return Ok(None);
     }
     Ok(Some(out))

@@ -28,11 +28,17 @@ pub(super) struct ExportRequest {
     copy: Option<bool>,
 }
 
+/// Whether `max_version` asks for a legacy capsule (None, or a major below 1).
 fn parse_max_version(max_version: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
     let Some(v) = max_version.filter(|v| !v.is_none()) else { return Ok(true) };
-    let (major, _minor): (i64, i64) = v
-        .extract()
-        .map_err(|_| PyTypeError::new_err(format!("max_version must be None or a (major, minor) tuple of ints, got {v}")))?;
+    let bad = || PyTypeError::new_err(format!("max_version must be None or a (major, minor) tuple of ints, got {v}"));
+    let tuple = v.cast::<PyTuple>().map_err(|_| bad())?;
+    if tuple.len() != 2 {
+        return Err(bad());
+    }
+    // Items borrowed, not extracted as a Rust tuple: this runs on every export.
+    let major = tuple.get_borrowed_item(0)?.extract::<i64>().map_err(|_| bad())?;
+    tuple.get_borrowed_item(1)?.extract::<i64>().map_err(|_| bad())?;
     Ok(major < 1)
 }
 
