@@ -29,12 +29,19 @@ pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py
     Ok(Bound::new(obj.py(), Tensor::new(import_any(obj, copy)?))?.into_any().unbind())
 }
 
-/// `empty(shape, dtype=None)`: a CPU tensor whose memory Rust owns (float32 by
-/// default; zero-filled, since fresh pages cost the same either way).
+/// `empty(shape, dtype=None, *, shared=False)`: a CPU tensor whose memory Rust
+/// owns (float32 by default; zero-filled, since fresh pages cost the same either
+/// way), or with `shared=True` a tensor in a shared-memory segment, which
+/// pickles as a handle (see `dlbridge._shared`).
 #[pyfunction]
-#[pyo3(signature = (shape, dtype=None))]
-pub(crate) fn empty(shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<Tensor> {
-    zeros(shape, dtype)
+#[pyo3(signature = (shape, dtype=None, *, shared=false))]
+pub(crate) fn empty<'py>(shape: &Bound<'py, PyAny>, dtype: Option<&Bound<'py, PyAny>>, shared: bool) -> PyResult<Bound<'py, PyAny>> {
+    let py = shape.py();
+    if shared {
+        let make = py.import(pyo3::intern!(py, "dlbridge._shared"))?.getattr(pyo3::intern!(py, "empty"))?;
+        return make.call1((shape, dtype));
+    }
+    Ok(Bound::new(py, zeros(shape, dtype)?)?.into_any())
 }
 
 /// `zeros(shape, dtype=None)`: a zero-filled CPU tensor whose memory Rust owns

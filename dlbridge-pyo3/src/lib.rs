@@ -90,6 +90,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(functions::asarray, module)?)?;
     module.add_function(wrap_pyfunction!(functions::empty, module)?)?;
     module.add_function(wrap_pyfunction!(functions::zeros, module)?)?;
+    module.add_function(wrap_pyfunction!(tensor::_rebuild_tensor, module)?)?;
     #[cfg(feature = "testing")]
     testing::register(module)?;
     let v = dlbridge::ffi::DLPackVersion::CURRENT;

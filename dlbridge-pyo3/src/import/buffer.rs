@@ -13,13 +13,13 @@ use crate::capsule::AnyOwned;
 use crate::errors::IntoPyResult;
 use crate::owner::BufferOwner;
 
-/// Opens `obj`'s buffer with strides and format (read-only allowed).
-fn open_buffer(obj: &Bound<'_, PyAny>) -> PyResult<BufferOwner> {
+/// Opens `obj`'s buffer with the request `flags` (`PyBUF_*`).
+pub(crate) fn open_buffer(obj: &Bound<'_, PyAny>, flags: core::ffi::c_int) -> PyResult<BufferOwner> {
     // SAFETY: Py_buffer is plain data; GetBuffer fills it or fails.
     let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { core::mem::zeroed() });
     // SAFETY: `obj` is live and `view` is writable; on success the view must be
     // released once, which `BufferOwner` does.
-    if unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_RECORDS_RO) } != 0 {
+    if unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) } != 0 {
         return Err(PyErr::fetch(obj.py()));
     }
     Ok(BufferOwner::new(view))
@@ -70,7 +70,8 @@ fn buffer_layout(view: &ffi::Py_buffer, itemsize: usize) -> PyResult<(Vec<i64>, 
 
 /// Imports a buffer-protocol exporter without copying.
 pub fn import_buffer(obj: &Bound<'_, PyAny>) -> PyResult<AnyOwned> {
-    let owner = open_buffer(obj)?;
+    // Strides and format; read-only buffers too.
+    let owner = open_buffer(obj, ffi::PyBUF_RECORDS_RO)?;
     let view = owner.view();
     let dtype = buffer_dtype(view)?;
     if !view.suboffsets.is_null() {

@@ -25,6 +25,7 @@ use pyo3::types::PyString;
 use pyo3::{ffi, intern};
 
 pub use buffer::import_buffer;
+pub(crate) use buffer::open_buffer;
 pub use interface::{import_array_interface, import_cuda_array_interface};
 pub(crate) use negotiate::has_dlpack;
 

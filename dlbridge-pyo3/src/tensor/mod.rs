@@ -9,11 +9,13 @@
 //! | `dlpack.rs` | `__dlpack__`: negotiation, flags, the capsule |
 //! | `buffer.rs` | the buffer protocol and both array interfaces |
 //! | `tolist.rs` | `tolist()` |
+//! | `pickle.rs` | pickling, out of band with protocol 5 |
 //! | `dtype.rs` | `dlbridge.DType` |
 
 mod buffer;
 mod dlpack;
 mod dtype;
+mod pickle;
 mod tolist;
 
 use core::ffi::c_int;
@@ -22,9 +24,10 @@ use dlbridge::{to_contiguous, DeviceType, Element, OwnedTensor, TensorView};
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use pyo3::ffi;
+use pyo3::{ffi, intern};
 
 pub use dtype::DType;
+pub(crate) use pickle::_rebuild_tensor;
 
 use crate::capsule::AnyOwned;
 use crate::convert::device_tuple;
@@ -36,6 +39,9 @@ use crate::writability::Writability;
 pub struct Tensor {
     owned: AnyOwned,
     writability: Writability,
+    /// The shared-memory segment the data lives in, if any: kept alive with
+    /// the tensor, and asked to pickle it as a handle.
+    origin: Option<Py<PyAny>>,
 }
 
 impl Tensor {
@@ -44,7 +50,17 @@ impl Tensor {
     pub fn new(owned: impl Into<AnyOwned>) -> Self {
         let owned = owned.into();
         let writability = Writability::of(&owned);
-        Tensor { owned, writability }
+        Tensor { owned, writability, origin: None }
+    }
+
+    /// Wraps an owned tensor with at most the writability `requested`: a
+    /// producer's READ_ONLY is kept, writable may become read-only or unknown.
+    pub(crate) fn with_writability(owned: AnyOwned, requested: Writability) -> Self {
+        let writability = match Writability::of(&owned) {
+            Writability::Writable => requested,
+            own => own,
+        };
+        Tensor { owned, writability, origin: None }
     }
 
     /// A writable row-major tensor over a `Vec`, without copying.
@@ -221,6 +237,39 @@ impl Tensor {
     /// The elements as nested Python lists (CPU only).
     fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         tolist::tolist(py, self.cpu_view()?)
+    }
+
+    /// Pickle support: out-of-band bytes with protocol 5, in-band before.
+    fn __reduce_ex__<'py>(slf: &Bound<'py, Self>, protocol: i64) -> PyResult<Bound<'py, PyTuple>> {
+        pickle::reduce_ex(slf, protocol)
+    }
+
+    /// The bytes of a C-contiguous CPU tensor as a 1-d uint8 tensor sharing them.
+    fn _bytes(slf: &Bound<'_, Self>) -> PyResult<Tensor> {
+        pickle::bytes_view(slf)
+    }
+
+    /// "writable", "readonly" or "unknown" (see the README's Writability).
+    #[getter]
+    fn _writability(&self) -> &'static str {
+        self.writability.name()
+    }
+
+    /// A tensor with the same values in a shared-memory segment (this one if
+    /// it already is): pickling it sends a handle, and the receiving process
+    /// maps the same memory. See `dlbridge.share_memory`.
+    fn share_memory<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        if slf.get().origin.is_some() {
+            return Ok(slf.clone().into_any());
+        }
+        let py = slf.py();
+        py.import(intern!(py, "dlbridge._shared"))?.getattr(intern!(py, "share_memory"))?.call1((slf,))
+    }
+
+    /// Whether the data lives in a shared-memory segment that pickles as a handle.
+    #[getter]
+    fn is_shared(&self) -> bool {
+        self.origin.is_some()
     }
 
     /// A C-contiguous copy in fresh memory that Rust owns.

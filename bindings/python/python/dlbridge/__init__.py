@@ -8,7 +8,8 @@
     np.float32(15.0)
 """
 
-from ._native import DLPACK_VERSION, DType, Tensor, __version__, asarray, empty, from_dlpack, zeros
+from ._native import DLPACK_VERSION, DType, Tensor, __version__, _rebuild_tensor, asarray, empty, from_dlpack, zeros
+from ._shared import share_memory
 
 __all__ = [
     "DLPACK_VERSION",
@@ -18,5 +19,6 @@ __all__ = [
     "asarray",
     "empty",
     "from_dlpack",
+    "share_memory",
     "zeros",
 ]
