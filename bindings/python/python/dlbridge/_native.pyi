@@ -1,7 +1,7 @@
 """Type stubs for dlbridge's native module. Everything here is re-exported by `dlbridge`."""
 
 import sys
-from typing import Any, ClassVar, Optional, Sequence, Tuple, Union, final
+from typing import Any, ClassVar, Optional, Sequence, Tuple, SupportsIndex, Union, final
 
 from typing_extensions import TypeAlias
 
@@ -78,7 +78,8 @@ class Tensor:
         """Where the memory lives; equal to `__dlpack_device__()`."""
     @property
     def readonly(self) -> bool:
-        """Whether the data may not be written (the producer set READ_ONLY)."""
+        """Whether the data may not be written: the producer set READ_ONLY, or could not say (a legacy
+        capsule). See the README's "Writability"."""
     @property
     def is_copied(self) -> bool:
         """Whether the producer copied the data for this tensor (IS_COPIED)."""
@@ -117,6 +118,17 @@ class Tensor:
         """The elements as nested lists (CPU only)."""
     def copy(self) -> "Tensor":
         """A C-contiguous copy in fresh, 64-byte aligned memory that Rust owns."""
+    def share_memory(self) -> "Tensor":
+        """A tensor with the same values in a shared-memory segment (this one if it already is), which
+        pickles as a handle that another process maps."""
+    @property
+    def is_shared(self) -> bool:
+        """Whether the data lives in a shared-memory segment that pickles as a handle."""
+    def __reduce_ex__(self, protocol: SupportsIndex, /) -> Tuple[Any, ...]:
+        """Pickle support: the bytes out of band with protocol 5, in band before; a handle when shared."""
+    def _bytes(self) -> "Tensor": ...
+    @property
+    def _writability(self) -> str: ...
     def __len__(self) -> int: ...
 
 def from_dlpack(x: Any, /, *, device: Union[None, str, _Device] = None, copy: Optional[bool] = None) -> Tensor:
@@ -134,8 +146,13 @@ def asarray(obj: Any, /, *, copy: Optional[bool] = None) -> Tensor:
     """A tensor from DLPack, the buffer protocol (bytes, bytearray, memoryview, array.array, mmap),
     `__array_interface__` or `__cuda_array_interface__`, zero-copy unless copy=True."""
 
-def empty(shape: Union[int, Sequence[int]], dtype: Union[None, str, DType] = None) -> Tensor:
-    """A CPU tensor whose memory Rust owns (zero-filled); dtype None means "float32"."""
+def empty(shape: Union[int, Sequence[int]], dtype: Union[None, str, DType] = None, *, shared: bool = False) -> Tensor:
+    """A CPU tensor whose memory Rust owns (zero-filled), or with shared=True one in a shared-memory
+    segment; dtype None means "float32"."""
+
+def _rebuild_tensor(
+    payload: Any, dtype: Union[str, DType], shape: Sequence[int], writability: str, padded: bool, origin: Any = None
+) -> Tensor: ...
 
 def zeros(shape: Union[int, Sequence[int]], dtype: Union[None, str, DType] = None) -> Tensor:
     """A zero-filled CPU tensor whose memory Rust owns; dtype None means "float32"."""
