@@ -5,6 +5,11 @@
 //! The type is recognised by identity with `numpy.ndarray` taken from the
 //! imported `numpy` module, never by name: any class may call itself
 //! "numpy.ndarray", and its memory is not NumPy's struct.
+//!
+//! NumPy's `__dlpack__` refuses `ml_dtypes`' types (bfloat16, float8, float6,
+//! float4, int4, ...); this path recognises them by their scalar type object,
+//! taken from the imported `ml_dtypes` module, and gives them their DLPack
+//! dtype. The sub-byte ones hold one value per byte: IS_SUBBYTE_TYPE_PADDED.
 
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicPtr, Ordering};
@@ -71,6 +76,71 @@ fn numpy_dtype(type_num: core::ffi::c_int) -> Option<DataType> {
     })
 }
 
+/// `ml_dtypes`' scalar types by name, with their DLPack dtype.
+const ML_DTYPES: [(&str, DataType); 19] = {
+    use dlbridge::DataTypeCode as C;
+    [
+        ("bfloat16", DataType::BFLOAT16),
+        ("float8_e3m4", DataType::new(C::FLOAT8_E3M4, 8, 1)),
+        ("float8_e4m3", DataType::new(C::FLOAT8_E4M3, 8, 1)),
+        ("float8_e4m3b11fnuz", DataType::new(C::FLOAT8_E4M3B11FNUZ, 8, 1)),
+        ("float8_e4m3fn", DataType::new(C::FLOAT8_E4M3FN, 8, 1)),
+        ("float8_e4m3fnuz", DataType::new(C::FLOAT8_E4M3FNUZ, 8, 1)),
+        ("float8_e5m2", DataType::new(C::FLOAT8_E5M2, 8, 1)),
+        ("float8_e5m2fnuz", DataType::new(C::FLOAT8_E5M2FNUZ, 8, 1)),
+        ("float8_e8m0fnu", DataType::new(C::FLOAT8_E8M0FNU, 8, 1)),
+        ("float6_e2m3fn", DataType::new(C::FLOAT6_E2M3FN, 6, 1)),
+        ("float6_e3m2fn", DataType::new(C::FLOAT6_E3M2FN, 6, 1)),
+        ("float4_e2m1fn", DataType::new(C::FLOAT4_E2M1FN, 4, 1)),
+        ("complex32", DataType::new(C::COMPLEX, 32, 1)),
+        ("int1", DataType::new(C::INT, 1, 1)),
+        ("int2", DataType::new(C::INT, 2, 1)),
+        ("int4", DataType::new(C::INT, 4, 1)),
+        ("uint1", DataType::new(C::UINT, 1, 1)),
+        ("uint2", DataType::new(C::UINT, 2, 1)),
+        ("uint4", DataType::new(C::UINT, 4, 1)),
+    ]
+};
+
+/// (scalar type address, dtype) for each `ml_dtypes` type, read once from the
+/// imported module; empty while `ml_dtypes` is not imported (asked again then).
+fn ml_dtypes_table(py: Python<'_>) -> &'static [(usize, DataType)] {
+    static TABLE: std::sync::OnceLock<Vec<(usize, DataType)>> = std::sync::OnceLock::new();
+    if let Some(table) = TABLE.get() {
+        return table;
+    }
+    // SAFETY: with the GIL; GetModule never imports and returns a new reference or NULL.
+    let module = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyImport_GetModule(pyo3::intern!(py, "ml_dtypes").as_ptr())) };
+    let Some(module) = module else {
+        let _ = PyErr::take(py);
+        return &[];
+    };
+    let table = ML_DTYPES
+        .iter()
+        .filter_map(|(name, dtype)| {
+            let ty = module.getattr(*name).ok()?;
+            let address = ty.as_ptr() as usize;
+            // Types live as long as the process; the table keeps them so.
+            core::mem::forget(ty);
+            Some((address, *dtype))
+        })
+        .collect();
+    TABLE.get_or_init(|| table)
+}
+
+/// The DLPack dtype of a NumPy dtype: builtin numbers, then `ml_dtypes`' types.
+fn dtype_of(py: Python<'_>, descr: &NumpyDescrFields) -> Option<DataType> {
+    if let Some(dtype) = numpy_dtype(descr.type_num) {
+        return Some(dtype);
+    }
+    // User-defined NumPy types are numbered from 256; `ml_dtypes`' among them.
+    if descr.type_num < 256 {
+        return None;
+    }
+    let scalar = descr.typeobj as usize;
+    ml_dtypes_table(py).iter().find(|(address, _)| *address == scalar).map(|(_, dtype)| *dtype)
+}
+
 /// `numpy.ndarray`, once seen in an imported `numpy` module (a static type: it
 /// lives as long as the process).
 static NDARRAY_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(core::ptr::null_mut());
@@ -129,7 +199,7 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<OwnedTensor>> {
         (array, &*array.descr)
     };
     let native = if cfg!(target_endian = "little") { b'<' } else { b'>' };
-    let Some(dtype) = numpy_dtype(descr.type_num) else { return Ok(None) };
+    let Some(dtype) = dtype_of(obj.py(), descr) else { return Ok(None) };
     if !matches!(descr.byteorder as u8, b'=' | b'|') && descr.byteorder as u8 != native {
         return Ok(None);
     }
@@ -137,6 +207,8 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<OwnedTensor>> {
         Ok(n) if n <= dlbridge::MAX_NDIM => n,
         _ => return Ok(None),
     };
+    // `ml_dtypes` stores sub-byte values one per byte.
+    let padded = dtype.is_sub_byte();
     let itemsize = dtype.itemsize().unwrap_or(1);
     let (dims, byte_strides) = if ndim == 0 {
         (&[][..], &[][..])
@@ -150,7 +222,10 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<OwnedTensor>> {
     else {
         return Ok(None); // NumPy's own export refuses these; let it say so.
     };
-    let flags = if array.flags & NPY_ARRAY_WRITEABLE == 0 { dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
+    let mut flags = if array.flags & NPY_ARRAY_WRITEABLE == 0 { dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
+    if padded {
+        flags |= dlbridge::ffi::DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
+    }
     let layout = RawLayout { dtype, device: Device::CPU, shape: shape.as_slice(), strides: Some(strides.as_slice()), byte_offset: 0 };
     // SAFETY: the array's data is valid for its own layout for as long as the
     // array lives, which the owner guarantees; the layout is validated again.

@@ -272,6 +272,14 @@ impl Tensor {
         self.origin.is_some()
     }
 
+    /// A NumPy array over this tensor's memory, zero-copy and as writable as
+    /// the tensor; `ml_dtypes` types (bfloat16, float8, ...) for the dtypes
+    /// NumPy lacks. A packed sub-byte tensor is unpacked into a new array.
+    fn numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import(intern!(py, "dlbridge._numpy"))?.getattr(intern!(py, "to_numpy"))?.call1((slf,))
+    }
+
     /// A C-contiguous copy in fresh memory that Rust owns.
     fn copy(&self) -> PyResult<Tensor> {
         let copied: OwnedTensor = to_contiguous(self.view()).py()?;

@@ -118,6 +118,10 @@ class Tensor:
         """The elements as nested lists (CPU only)."""
     def copy(self) -> "Tensor":
         """A C-contiguous copy in fresh, 64-byte aligned memory that Rust owns."""
+    def numpy(self) -> Any:
+        """A NumPy array over this tensor's memory, zero-copy and as writable as the tensor; ml_dtypes
+        types (bfloat16, float8, float6, float4, int4, ...) for the dtypes NumPy lacks (TypeError naming
+        ml_dtypes when it is not installed). A packed sub-byte tensor is unpacked into a new array."""
     def share_memory(self) -> "Tensor":
         """A tensor with the same values in a shared-memory segment (this one if it already is), which
         pickles as a handle that another process maps."""
