@@ -88,10 +88,12 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyTensor<'py> {
         if let Some(table) = exchange::lookup(&source) {
             if let Some(dl) = exchange::fill_borrowed(&source, table)? {
                 // SAFETY: the fill points into the source's memory, which `source`
-                // keeps alive for as long as this PyTensor; the view never outlives it.
-                let view = unsafe { TensorView::from_dltensor(&dl, false) }.py()?;
-                let borrow = acquire(&view, false)?;
-                return Ok(PyTensor { held: Held::Borrowed(view), source, _borrow: borrow });
+                // keeps alive for as long as this PyTensor; the view never outlives
+                // it. A fill that does not validate is left for the owned import.
+                if let Ok(view) = unsafe { TensorView::from_dltensor(&dl, false) } {
+                    let borrow = acquire(&view, false)?;
+                    return Ok(PyTensor { held: Held::Borrowed(view), source, _borrow: borrow });
+                }
             }
         }
         let owned = import_any(&source, None)?;

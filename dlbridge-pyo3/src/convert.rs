@@ -5,7 +5,6 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
-use crate::errors::IntoPyResult;
 
 /// The name of an object's type, for error messages.
 pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -53,7 +52,12 @@ pub(crate) fn parse_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<DataType> {
         .cast::<PyString>()
         .map_err(|_| PyTypeError::new_err(format!("dtype must be a str or dlbridge.DType, got {dtype}")))?
         .to_cow()?;
-    name.parse().py()
+    parse_dtype_name(&name)
+}
+
+/// A dtype from its name; a name that is not a valid DLPack dtype is a ValueError.
+pub(crate) fn parse_dtype_name(name: &str) -> PyResult<DataType> {
+    name.parse::<DataType>().map_err(|err| PyValueError::new_err(err.to_string()))
 }
 
 /// Parses a `shape` argument: an int, or a tuple or list of ints.
@@ -65,40 +69,4 @@ pub(crate) fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
         return shape.extract();
     }
     Err(PyTypeError::new_err(format!("shape must be an int or a sequence of ints, got {shape}")))
-}
-
-/// Up to 8 values on the stack, more on the heap: shapes and strides on hot paths.
-pub(crate) enum SmallI64 {
-    Inline([i64; 8], usize),
-    Heap(Vec<i64>),
-}
-
-impl SmallI64 {
-    /// `map` applied to each of `values`, stopping at the first error.
-    pub(crate) fn try_map<V: Copy, E>(values: &[V], mut map: impl FnMut(usize, V) -> Result<i64, E>) -> Result<Self, E> {
-        if values.len() <= 8 {
-            let mut out = [0i64; 8];
-            for (i, (slot, &v)) in out.iter_mut().zip(values).enumerate() {
-                *slot = map(i, v)?;
-            }
-            Ok(SmallI64::Inline(out, values.len()))
-        } else {
-            values.iter().enumerate().map(|(i, &v)| map(i, v)).collect::<Result<_, E>>().map(SmallI64::Heap)
-        }
-    }
-
-    /// `map` applied to each of `values`.
-    pub(crate) fn map<V: Copy>(values: &[V], mut map: impl FnMut(usize, V) -> i64) -> Self {
-        match Self::try_map(values, |i, v| Ok::<_, core::convert::Infallible>(map(i, v))) {
-            Ok(small) => small,
-            Err(never) => match never {},
-        }
-    }
-
-    pub(crate) fn as_slice(&self) -> &[i64] {
-        match self {
-            SmallI64::Inline(values, len) => &values[..*len],
-            SmallI64::Heap(values) => values,
-        }
-    }
 }

@@ -96,7 +96,7 @@ pub unsafe fn export_raw<M: ManagedAbi, O: Send + 'static>(
     // SAFETY: the block is a complete managed tensor we own; shape and strides
     // live in it, and the caller vouches for the data. On error `from_raw` calls
     // the deleter, which drops the owner and frees the block.
-    unsafe { Owned::from_raw(block.as_ptr()) }
+    unsafe { Owned::from_raw(block.as_ptr()) }.map(|owned| owned.with_export_flags(flags))
 }
 
 /// Exports the memory of an already validated view, with the same layout (on
@@ -125,7 +125,7 @@ pub unsafe fn export_view<M: ManagedAbi, O: Send + 'static>(
     unsafe {
         let dl = block.as_ref().dl_tensor();
         let rebased = view.rebased(dl.shape, dl.strides, device);
-        Ok(Owned::from_validated(block, rebased))
+        Ok(Owned::from_validated(block, rebased).with_export_flags(flags))
     }
 }
 
@@ -245,7 +245,7 @@ pub(crate) unsafe fn export_placed<M: ManagedAbi, O: Send + 'static, T: Element>
     // live Rust allocation (the caller's proof), so it fits the address space.
     unsafe {
         let view = TensorView::from_placed_unchecked(block.as_ref().dl_tensor(), place.numel, place.lo as isize * size, (place.hi as isize + 1) * size);
-        Owned::from_validated(block, view)
+        Owned::from_validated(block, view).with_export_flags(flags)
     }
 }
 

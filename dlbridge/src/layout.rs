@@ -134,6 +134,47 @@ pub fn byte_strides(strides: &[i64], itemsize: usize) -> impl ExactSizeIterator<
     strides.iter().map(move |&s| s.saturating_mul(size))
 }
 
+/// Up to 8 values on the stack (every common rank), more on the heap: shapes
+/// and strides built on hot paths without allocating.
+#[derive(Clone, Debug)]
+pub enum Small<T: Copy + Default> {
+    /// Up to 8 values, and how many.
+    Inline([T; 8], usize),
+    /// More than 8.
+    Heap(Vec<T>),
+}
+
+impl<T: Copy + Default> Small<T> {
+    /// `make(i)` for `i` in `0..n`, stopping at the first error.
+    pub fn try_from_fn<E>(n: usize, mut make: impl FnMut(usize) -> Result<T, E>) -> Result<Self, E> {
+        if n <= 8 {
+            let mut values = [T::default(); 8];
+            for (i, slot) in values[..n].iter_mut().enumerate() {
+                *slot = make(i)?;
+            }
+            Ok(Small::Inline(values, n))
+        } else {
+            (0..n).map(make).collect::<Result<_, E>>().map(Small::Heap)
+        }
+    }
+
+    /// `make(i)` for `i` in `0..n`.
+    pub fn from_fn(n: usize, mut make: impl FnMut(usize) -> T) -> Self {
+        match Self::try_from_fn(n, |i| Ok::<_, core::convert::Infallible>(make(i))) {
+            Ok(small) => small,
+            Err(never) => match never {},
+        }
+    }
+
+    /// The values.
+    pub fn as_slice(&self) -> &[T] {
+        match self {
+            Small::Inline(values, len) => &values[..*len],
+            Small::Heap(values) => values,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +187,13 @@ mod tests {
         assert_eq!(element_strides_from_bytes(&[6], &[1], 4), Ok(vec![0]), "unused stride");
         assert!(matches!(element_strides_from_bytes(&[4], &[2, 3], 4), Err(Error::StridesLength { .. })));
         assert_eq!(byte_strides(&[3, -1], 8).collect::<Vec<_>>(), vec![24, -8]);
+    }
+
+    #[test]
+    fn small_values_stay_inline() {
+        assert!(matches!(Small::from_fn(8, |i| i as i64), Small::Inline(_, 8)));
+        assert_eq!(Small::from_fn(9, |i| i as i64).as_slice(), &[0, 1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(Small::<i64>::try_from_fn(3, |i| if i == 2 { Err(i) } else { Ok(0) }).err(), Some(2));
     }
 
     #[test]

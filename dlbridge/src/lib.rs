@@ -52,6 +52,8 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::unreachable, clippy::todo, clippy::unimplemented))]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
+#[cfg(feature = "candle")]
+mod candle;
 pub mod copy;
 mod device;
 pub mod dtype;
@@ -65,6 +67,8 @@ mod owned;
 mod ndarray;
 mod view;
 
+#[cfg(feature = "candle")]
+pub use candle::{dtype_from_candle, dtype_to_candle};
 pub use copy::{to_contiguous, zeros, AlignedBuffer, ALIGNMENT};
 pub use device::{Device, DeviceType};
 pub use dtype::{DataType, DataTypeCode, Element};

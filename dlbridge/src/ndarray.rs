@@ -10,24 +10,10 @@ use ndarray::{ArcArray, Array, ArrayView, ArrayViewMut, Axis, Dimension, IxDyn, 
 use crate::dtype::Element;
 use crate::error::Error;
 use crate::export::{export_placed, place_owner};
-use crate::layout::extent_of;
+use crate::layout::{extent_of, Small};
 use crate::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
 use crate::owned::{Owned, ManagedAbi};
 use crate::view::{TensorView, TensorViewMut};
-
-/// Calls `f` with `n` values made by `make`, on the stack for up to 8 of them
-/// (every common rank), so that hot paths do not allocate.
-fn with_small<T: Copy + Default, R>(n: usize, make: impl Fn(usize) -> T, f: impl FnOnce(&[T]) -> R) -> R {
-    if n <= 8 {
-        let mut buf = [T::default(); 8];
-        for (i, slot) in buf[..n].iter_mut().enumerate() {
-            *slot = make(i);
-        }
-        f(&buf[..n])
-    } else {
-        f(&(0..n).map(make).collect::<Vec<T>>())
-    }
-}
 
 /// The lowest-address element and the axes (a bit mask) whose strides are
 /// negative: ndarray wants non-negative strides from the lowest address.
@@ -50,9 +36,9 @@ fn placement<T: Element>(view: &TensorView<'_>) -> (*const u8, u64) {
 
 /// `IxDyn` shape and absolute strides of a view.
 fn dyn_layout(view: &TensorView<'_>) -> (IxDyn, IxDyn) {
-    let shape = with_small(view.ndim(), |i| view.shape()[i] as usize, IxDyn);
-    let strides = with_small(view.ndim(), |i| view.strides()[i].unsigned_abs() as usize, IxDyn);
-    (shape, strides)
+    let shape = Small::from_fn(view.ndim(), |i| view.shape()[i] as usize);
+    let strides = Small::from_fn(view.ndim(), |i| view.strides()[i].unsigned_abs() as usize);
+    (IxDyn(shape.as_slice()), IxDyn(strides.as_slice()))
 }
 
 fn invert<V>(array: &mut ndarray::ArrayBase<V, IxDyn>, inverted: u64)
@@ -98,22 +84,11 @@ impl<'a> TensorView<'a> {
     }
 
     fn check_array<T: Element, D: Dimension>(&self) -> Result<(), Error> {
-        if !self.device().is_cpu_accessible() {
-            return Err(Error::NotCpuAccessible { device: self.device() });
+        self.check_typed::<T>()?;
+        match D::NDIM {
+            Some(rank) if rank != self.ndim() => Err(Error::RankMismatch { expected: rank, found: self.ndim() }),
+            _ => Ok(()),
         }
-        if self.dtype() != T::DTYPE {
-            return Err(Error::DtypeMismatch { expected: T::DTYPE, found: self.dtype() });
-        }
-        if let Some(rank) = D::NDIM {
-            if rank != self.ndim() {
-                return Err(Error::RankMismatch { expected: rank, found: self.ndim() });
-            }
-        }
-        let align = core::mem::align_of::<T>();
-        if !self.is_empty() && (self.as_ptr() as usize) % align != 0 {
-            return Err(Error::Misaligned { address: self.as_ptr() as usize, align });
-        }
-        Ok(())
     }
 }
 
@@ -172,19 +147,9 @@ where
     D: Dimension + Send + 'static,
 {
     let ndim = array.ndim();
-    // Shape then strides, on the stack for up to 8 axes.
-    let (mut inline, mut heap) = ([0i64; 16], Vec::new());
-    let dims: &mut [i64] = if ndim <= 8 {
-        &mut inline[..2 * ndim]
-    } else {
-        heap.resize(2 * ndim, 0);
-        &mut heap
-    };
-    for (i, (&d, &s)) in array.shape().iter().zip(array.strides()).enumerate() {
-        dims[i] = d as i64;
-        dims[ndim + i] = s as i64;
-    }
-    let (shape, strides) = dims.split_at(ndim);
+    let shape = Small::from_fn(ndim, |i| array.shape()[i] as i64);
+    let strides = Small::from_fn(ndim, |i| array.strides()[i] as i64);
+    let (shape, strides) = (shape.as_slice(), strides.as_slice());
     let place = extent_of(shape, Some(strides))?;
     let block = place_owner::<M, _>(array, ndim)?;
     // SAFETY: the array now lives in the block, which does not move; this is

@@ -156,6 +156,9 @@ pub struct Owned<M: ManagedAbi> {
     /// The validated view. Its `'static` is private: it borrows from `*ptr`, which
     /// lives until `Drop`, and is only handed out re-borrowed from `&self`.
     view: TensorView<'static>,
+    /// Read-only whatever the ABI: a legacy struct has no flags to carry READ_ONLY,
+    /// so a read-only export of one (or `mark_read_only`) is remembered here.
+    read_only: bool,
 }
 
 /// An owned `DLManagedTensorVersioned` (DLPack ≥ 1.0).
@@ -211,7 +214,7 @@ impl<M: ManagedAbi> Owned<M> {
         // caller guarantees its pointers. The 'static borrow is confined to
         // `Owned`, which outlives every use of it.
         match unsafe { TensorView::from_dltensor(managed.dl_tensor(), padded) } {
-            Ok(view) => Ok(Owned { ptr, view }),
+            Ok(view) => Ok(Owned { ptr, view, read_only: false }),
             Err(err) => Err((err, Some(ptr))),
         }
     }
@@ -221,7 +224,7 @@ impl<M: ManagedAbi> Owned<M> {
     /// # Safety
     /// `ptr` must be an owned managed tensor that `view` describes exactly.
     pub(crate) unsafe fn from_validated(ptr: NonNull<M>, view: TensorView<'static>) -> Self {
-        Owned { ptr, view }
+        Owned { ptr, view, read_only: false }
     }
 
     /// Gives up ownership without calling the deleter, for a C consumer.
@@ -272,7 +275,7 @@ impl<M: ManagedAbi> Owned<M> {
 
     /// Whether the producer marked the data read-only.
     pub fn is_read_only(&self) -> bool {
-        self.flags() & DLPACK_FLAG_BITMASK_READ_ONLY != 0
+        self.read_only || self.flags() & DLPACK_FLAG_BITMASK_READ_ONLY != 0
     }
 
     /// Whether the producer made a copy for this consumer.
@@ -295,10 +298,18 @@ impl<M: ManagedAbi> Owned<M> {
         }
     }
 
-    /// Sets READ_ONLY (a no-op for legacy tensors, which cannot carry it). There
-    /// is no way to clear it: only the producer may grant writes.
+    /// Sets READ_ONLY: in the struct when it has flags, and for this owner's own
+    /// views in any case. There is no way to clear it: only the producer may grant writes.
     pub fn mark_read_only(&mut self) {
+        self.read_only = true;
         self.insert_flags(DLPACK_FLAG_BITMASK_READ_ONLY);
+    }
+
+    /// Applies an export's flags on the Rust side too, so that a legacy export
+    /// (which drops them from the struct) stays read-only here.
+    pub(crate) fn with_export_flags(mut self, flags: u64) -> Self {
+        self.read_only |= flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0;
+        self
     }
 
     /// Sets IS_COPIED (a no-op for legacy tensors): the consumer will own this

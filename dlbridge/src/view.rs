@@ -186,28 +186,40 @@ impl<'a> TensorView<'a> {
         })
     }
 
+    /// A view of parts already proven valid, without validating them again:
+    /// the one constructor besides [`from_dltensor`](Self::from_dltensor).
+    ///
+    /// # Safety
+    /// The parts must describe a well-formed tensor (valid dtype; `shape` and
+    /// `strides` hold `ndim` values, or are ignored for `ndim == 0`) whose `numel`
+    /// elements reach exactly bytes `lo..hi` relative to `ptr`, in memory valid
+    /// for the caller's lifetime; the two arrays must outlive the result.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn from_proven(
+        ptr: *const u8,
+        shape: *const i64,
+        strides: *const i64,
+        ndim: usize,
+        dtype: DataType,
+        device: Device,
+        numel: usize,
+        (lo, hi): (isize, isize),
+        padded: bool,
+    ) -> TensorView<'static> {
+        let raw = |ptr: *const i64| if ndim == 0 { RawSlice::EMPTY } else { RawSlice { ptr, len: ndim } };
+        let (lo, hi) = if numel == 0 { (0, 0) } else { (lo, hi) };
+        TensorView { ptr, shape: raw(shape), strides: Strides::Given(raw(strides)), dtype, device, numel, lo, hi, padded, _data: PhantomData }
+    }
+
     /// The view of a tensor whose bytes `lo..hi` (relative to element 0) are
     /// known to lie in a live allocation, without validating it again.
     ///
     /// # Safety
-    /// `tensor` must be well formed (valid dtype, shape and strides for its
-    /// ndim), with `numel` elements reaching exactly `lo..hi`, and its shape and
-    /// strides arrays must outlive the result.
+    /// As [`from_proven`](Self::from_proven), for `tensor`'s fields.
     pub(crate) unsafe fn from_placed_unchecked(tensor: &DLTensor, numel: usize, lo: isize, hi: isize) -> TensorView<'static> {
-        let ndim = tensor.ndim as usize;
-        let raw = |ptr: *const i64| if ndim == 0 { RawSlice::EMPTY } else { RawSlice { ptr, len: ndim } };
-        TensorView {
-            ptr: (tensor.data as *const u8).wrapping_add(tensor.byte_offset as usize),
-            shape: raw(tensor.shape),
-            strides: Strides::Given(raw(tensor.strides)),
-            dtype: tensor.dtype,
-            device: tensor.device,
-            numel,
-            lo: if numel == 0 { 0 } else { lo },
-            hi: if numel == 0 { 0 } else { hi },
-            padded: false,
-            _data: PhantomData,
-        }
+        let ptr = (tensor.data as *const u8).wrapping_add(tensor.byte_offset as usize);
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::from_proven(ptr, tensor.shape, tensor.strides, tensor.ndim as usize, tensor.dtype, tensor.device, numel, (lo, hi), false) }
     }
 
     /// The same view, reading shape and strides from copies at `shape` and
@@ -216,20 +228,8 @@ impl<'a> TensorView<'a> {
     /// # Safety
     /// The two arrays must hold this view's shape and strides and outlive the result.
     pub(crate) unsafe fn rebased(&self, shape: *const i64, strides: *const i64, device: Device) -> TensorView<'static> {
-        let len = self.shape.len;
-        let raw = |ptr: *const i64| if len == 0 { RawSlice::EMPTY } else { RawSlice { ptr, len } };
-        TensorView {
-            ptr: self.ptr,
-            shape: raw(shape),
-            strides: Strides::Given(raw(strides)),
-            dtype: self.dtype,
-            device,
-            numel: self.numel,
-            lo: self.lo,
-            hi: self.hi,
-            padded: self.padded,
-            _data: PhantomData,
-        }
+        // SAFETY: this view was validated; only where its shape and strides are read changes.
+        unsafe { Self::from_proven(self.ptr, shape, strides, self.shape.len, self.dtype, device, self.numel, (self.lo, self.hi), self.padded) }
     }
 
     /// Extent of each axis.
@@ -277,9 +277,10 @@ impl<'a> TensorView<'a> {
         self.device
     }
 
-    /// Whether a sub-byte dtype is padded to one byte per element.
+    /// Whether a sub-byte dtype is padded to one byte per element (the flag
+    /// means nothing for whole-byte dtypes, and is false for them).
     pub fn is_subbyte_padded(&self) -> bool {
-        self.padded
+        self.padded && self.dtype.is_sub_byte()
     }
 
     /// Address of element 0 (`data + byte_offset`). Meaningless when the tensor is empty.
@@ -339,7 +340,7 @@ impl<'a> TensorView<'a> {
     }
 
     /// Checks that the memory is CPU-accessible and holds `T`s, aligned for `T`.
-    fn check_typed<T: Element>(&self) -> Result<(), Error> {
+    pub(crate) fn check_typed<T: Element>(&self) -> Result<(), Error> {
         if !self.device.is_cpu_accessible() {
             return Err(Error::NotCpuAccessible { device: self.device });
         }

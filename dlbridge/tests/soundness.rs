@@ -136,3 +136,46 @@ fn failed_allocations_are_errors() {
     let err = to_contiguous::<dlbridge::ffi::DLManagedTensorVersioned>(&view).unwrap_err();
     assert!(matches!(err, Error::AllocationFailed { .. }), "{err}");
 }
+
+#[test]
+fn read_only_exports_stay_read_only_whatever_the_abi() {
+    use std::sync::Arc;
+    let shared: Arc<[u32]> = Arc::from(vec![1u32, 2, 3, 4]);
+    let mut legacy = dlbridge::OwnedLegacyTensor::from_owner(shared.clone(), &[4], None).unwrap();
+    assert!(legacy.is_read_only(), "the legacy struct cannot say so, the owner remembers");
+    assert!(matches!(legacy.try_view_mut(), Err(Error::ReadOnly)));
+    static RODATA: [u32; 4] = [1, 2, 3, 4];
+    let mut legacy = dlbridge::OwnedLegacyTensor::from_owner(&RODATA[..], &[4], None).unwrap();
+    assert!(matches!(legacy.try_view_mut(), Err(Error::ReadOnly)));
+    let mut legacy = dlbridge::OwnedLegacyTensor::from_vec(vec![1u8], &[1]).unwrap();
+    legacy.mark_read_only();
+    assert!(legacy.view_mut().is_none());
+    assert_eq!(shared[0], 1);
+}
+
+#[test]
+fn padded_flag_means_nothing_for_whole_byte_dtypes() {
+    let mut value = [1.0f32];
+    let dl = DLTensor {
+        data: value.as_mut_ptr().cast(),
+        device: Device::CPU,
+        ndim: 0,
+        dtype: DataType::FLOAT32,
+        shape: std::ptr::null_mut(),
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    };
+    // SAFETY: one live f32, 0-d.
+    let view = unsafe { TensorView::from_dltensor(&dl, true) }.unwrap();
+    assert!(!view.is_subbyte_padded());
+}
+
+#[cfg(feature = "ndarray")]
+#[test]
+fn shared_arc_array_legacy_export_is_read_only() {
+    let a = ndarray::ArcArray::from_vec(vec![1.0f32, 2.0]);
+    let other = a.clone();
+    let mut t = dlbridge::OwnedLegacyTensor::from_arc_array(a).unwrap();
+    assert!(matches!(t.try_view_mut(), Err(Error::ReadOnly)));
+    assert_eq!(other[0], 1.0);
+}

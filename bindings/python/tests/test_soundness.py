@@ -302,3 +302,64 @@ def test_unknown_device_type_is_a_buffer_error():
         print("deleted", p.deleted)
     """)
     assert "BufferError: device type 99 is not one that DLPack defines" in out and "deleted 1" in out
+
+
+# --- found by the adversarial review ----------------------------------------------------------
+
+
+def test_buffer_request_without_nd_has_no_ndim_to_trust():
+    out = run_child("""
+        import ctypes, dlbridge, numpy as np
+        class Py_buffer(ctypes.Structure):
+            _fields_ = [('buf', ctypes.c_void_p), ('obj', ctypes.c_void_p), ('len', ctypes.c_ssize_t),
+                        ('itemsize', ctypes.c_ssize_t), ('readonly', ctypes.c_int), ('ndim', ctypes.c_int),
+                        ('format', ctypes.c_char_p), ('shape', ctypes.c_void_p), ('strides', ctypes.c_void_p),
+                        ('suboffsets', ctypes.c_void_p), ('internal', ctypes.c_void_p)]
+        get = ctypes.pythonapi.PyObject_GetBuffer
+        get.argtypes = [ctypes.py_object, ctypes.POINTER(Py_buffer), ctypes.c_int]
+        view = ctypes.pythonapi.PyMemoryView_FromBuffer
+        view.argtypes = [ctypes.POINTER(Py_buffer)]
+        view.restype = ctypes.py_object
+        t = dlbridge.from_dlpack(np.arange(6, dtype=np.float32).reshape(2, 3))
+        for flags in (0, 4):  # PyBUF_SIMPLE, PyBUF_FORMAT
+            b = Py_buffer()
+            get(t, ctypes.byref(b), flags)
+            m = view(ctypes.byref(b))
+            print(b.ndim, b.shape, m.nbytes, m.format)
+    """)
+    assert out.splitlines()[:2] == ["1 None 24 B", "1 None 24 f"]
+
+
+def test_a_dunder_dlpack_assigned_after_first_use_is_honoured():
+    torch = pytest.importorskip("torch")
+
+    class Later(torch.Tensor):
+        pass
+
+    x = torch.arange(4.0).as_subclass(Later)
+    assert dlbridge.from_dlpack(x).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+    def refuse(self, **kwargs):
+        raise BufferError("Later refuses export")
+
+    Later.__dlpack__ = refuse
+    with pytest.raises(BufferError, match="Later refuses"):
+        dlbridge.from_dlpack(x)
+
+
+def test_dtype_equality_agrees_with_its_hash():
+    d = dlbridge.DType("float32")
+    assert d == "float32" and hash(d) == hash("float32")
+    assert d != "float32x1"
+    with pytest.raises(ValueError):
+        dlbridge.DType("float32x0")
+    with pytest.raises(ValueError):
+        dlbridge.zeros(2, "int0")
+
+
+def test_far_future_max_version_gets_the_newest_capsule():
+    t = dlbridge.zeros(2)
+    capsule = t.__dlpack__(max_version=(2**70, 0))
+    assert read_capsule(capsule).version.major == 1
+    with pytest.raises(TypeError):
+        t.__dlpack__(max_version=(True, 0))

@@ -24,7 +24,6 @@ use pyo3::types::PyType;
 use pyo3::{ffi, intern};
 
 use super::producer::EXCHANGE_API_CAPSULE_NAME;
-use crate::errors::to_py_err;
 
 /// Checks a producer's `__dlpack__` makes that its table does not.
 #[derive(Clone, Copy, Debug)]
@@ -140,27 +139,39 @@ fn find(ty: &Bound<'_, PyType>) -> Option<Table> {
 }
 
 thread_local! {
-    /// (type, table) pairs; the types are kept alive (one leaked reference each)
-    /// so that a freed type's address can never be mistaken for a cached one.
-    static CACHE: RefCell<Vec<(usize, Option<Table>)>> = const { RefCell::new(Vec::new()) };
+    /// (type, version tag, table); the types are kept alive (one leaked
+    /// reference each) so that a freed type's address can never be mistaken for
+    /// a cached one. CPython changes a type's version tag whenever the type or a
+    /// base is modified, so a `__dlpack__` assigned later is seen.
+    static CACHE: RefCell<Vec<(usize, u32, Option<Table>)>> = const { RefCell::new(Vec::new()) };
 }
 
 const CACHE_CAPACITY: usize = 32;
 
-/// The exchange table of `obj`'s type, cached per type.
+/// The exchange table of `obj`'s type, cached per type and version tag.
 pub(crate) fn lookup(obj: &Bound<'_, PyAny>) -> Option<Table> {
     // SAFETY: reading the type pointer of a live object; no reference is taken.
-    let key = unsafe { ffi::Py_TYPE(obj.as_ptr()) } as usize;
-    if let Some(hit) = CACHE.with_borrow(|cache| cache.iter().find(|(k, _)| *k == key).map(|(_, t)| *t)) {
-        return hit;
+    let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
+    // SAFETY: a live type object's version tag (0 when not assigned).
+    let tag = || unsafe { (*ty).tp_version_tag };
+    let key = ty as usize;
+    let cached = CACHE.with_borrow(|cache| cache.iter().find(|(k, _, _)| *k == key).map(|(_, t, table)| (*t, *table)));
+    if let Some((cached_tag, table)) = cached {
+        if cached_tag != 0 && cached_tag == tag() {
+            return table;
+        }
     }
     let ty = obj.get_type();
     let table = find(&ty);
+    // Attribute lookups in `find` give the type a current tag.
+    let tag = tag();
     CACHE.with_borrow_mut(|cache| {
-        if cache.len() < CACHE_CAPACITY {
+        if let Some(entry) = cache.iter_mut().find(|(k, _, _)| *k == key) {
+            *entry = (key, tag, table);
+        } else if cache.len() < CACHE_CAPACITY {
             // Keep the type alive for as long as the cache names it.
             core::mem::forget(ty.clone());
-            cache.push((key, table));
+            cache.push((key, tag, table));
         }
     });
     table
@@ -239,8 +250,9 @@ pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Opt
         let _ = PyErr::take(obj.py());
         return Ok(None);
     }
-    // SAFETY: an owning export we now own; `from_raw` validates it and deletes it on error.
-    let owned = unsafe { OwnedTensor::from_raw(out) }.map_err(to_py_err)?;
+    // SAFETY: an owning export we now own; `from_raw` validates it and deletes it
+    // on error, after which `__dlpack__` gets its chance.
+    let Ok(owned) = (unsafe { OwnedTensor::from_raw(out) }) else { return Ok(None) };
     if owned.view().device().device_type.has_streams() || !check_guard(obj, table.guard, owned.view().dtype())? {
         return Ok(None);
     }

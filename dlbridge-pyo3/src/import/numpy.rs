@@ -15,12 +15,11 @@ use core::ffi::c_void;
 use core::sync::atomic::{AtomicPtr, Ordering};
 
 use dlbridge::export::{export_raw, RawLayout};
-use dlbridge::layout::element_stride;
+use dlbridge::layout::{element_stride, Small};
 use dlbridge::{DataType, Device, OwnedTensor};
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use crate::convert::SmallI64;
 use crate::errors::IntoPyResult;
 use crate::owner::PyOwner;
 
@@ -217,8 +216,8 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<OwnedTensor>> {
         // live as long as the array.
         unsafe { (core::slice::from_raw_parts(array.dimensions, ndim), core::slice::from_raw_parts(array.strides, ndim)) }
     };
-    let shape = SmallI64::map(dims, |_, d| d as i64);
-    let Ok(strides) = SmallI64::try_map(byte_strides, |axis, s| element_stride(axis, s as i64, dims[axis] as i64, itemsize))
+    let shape = Small::from_fn(ndim, |i| dims[i] as i64);
+    let Ok(strides) = Small::try_from_fn(ndim, |axis| element_stride(axis, byte_strides[axis] as i64, dims[axis] as i64, itemsize))
     else {
         return Ok(None); // NumPy's own export refuses these; let it say so.
     };

@@ -11,9 +11,7 @@ use pyo3::ffi;
 
 use super::Tensor;
 
-const PYBUF_C_CONTIGUOUS: c_int = 0x0020 | ffi::PyBUF_STRIDES;
-const PYBUF_F_CONTIGUOUS: c_int = 0x0040 | ffi::PyBUF_STRIDES;
-const PYBUF_ANY_CONTIGUOUS: c_int = 0x0080 | ffi::PyBUF_STRIDES;
+use ffi::{PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_F_CONTIGUOUS};
 
 /// Checks a buffer request against the tensor, and returns the struct format.
 fn check_request(tensor: &Tensor, view: &TensorView<'_>, flags: c_int) -> PyResult<&'static core::ffi::CStr> {
@@ -26,13 +24,13 @@ fn check_request(tensor: &Tensor, view: &TensorView<'_>, flags: c_int) -> PyResu
         .ok_or_else(|| PyBufferError::new_err(format!("dtype {dtype} has no buffer-protocol (struct) format")))?;
     let wants = |bits: c_int| flags & bits == bits;
     let c_contig = view.is_c_contiguous();
-    if (!wants(ffi::PyBUF_STRIDES) || wants(PYBUF_C_CONTIGUOUS)) && !c_contig {
+    if (!wants(ffi::PyBUF_STRIDES) || wants(PyBUF_C_CONTIGUOUS)) && !c_contig {
         return Err(PyBufferError::new_err("tensor is not C-contiguous"));
     }
-    if wants(PYBUF_F_CONTIGUOUS) && !view.is_f_contiguous() {
+    if wants(PyBUF_F_CONTIGUOUS) && !view.is_f_contiguous() {
         return Err(PyBufferError::new_err("tensor is not Fortran-contiguous"));
     }
-    if wants(PYBUF_ANY_CONTIGUOUS) && !c_contig && !view.is_f_contiguous() {
+    if wants(PyBUF_ANY_CONTIGUOUS) && !c_contig && !view.is_f_contiguous() {
         return Err(PyBufferError::new_err("tensor is not contiguous"));
     }
     Ok(format)
@@ -56,14 +54,22 @@ pub(super) unsafe fn get_buffer(slf: Bound<'_, Tensor>, out: *mut ffi::Py_buffer
     dims.extend(view.shape().iter().map(|&d| d as isize));
     dims.extend(dlbridge::layout::byte_strides(view.strides(), itemsize).map(|s| s as isize));
     let dims_ptr = dims.as_mut_ptr();
+    // Without PyBUF_ND the consumer gets one run of bytes, as PyBuffer_FillInfo
+    // describes it: ndim 1 with no shape (a consumer trusting ndim reads no
+    // NULL shape), and unsigned bytes unless it asked for the format.
+    let (out_ndim, out_itemsize) = if wants(ffi::PyBUF_ND) {
+        (ndim, itemsize)
+    } else {
+        (1, if wants(ffi::PyBUF_FORMAT) { itemsize } else { 1 })
+    };
     // SAFETY: `out` is writable. The data pointer and length describe the
     // validated, CPU-accessible view, whose memory `obj` (set below) keeps alive.
     unsafe {
         (*out).buf = view.as_ptr().cast_mut();
         (*out).len = (view.len() * itemsize) as isize;
         (*out).readonly = c_int::from(tensor.readonly());
-        (*out).itemsize = itemsize as isize;
-        (*out).ndim = ndim as c_int;
+        (*out).itemsize = out_itemsize as isize;
+        (*out).ndim = out_ndim as c_int;
         (*out).suboffsets = core::ptr::null_mut();
     }
     // SAFETY: `format` is a static C string, never written by consumers.

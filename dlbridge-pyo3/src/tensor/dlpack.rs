@@ -11,7 +11,7 @@ use dlbridge::{to_contiguous, Device, DeviceType, ManagedAbi, Owned, OwnedTensor
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::impl_::trampoline::{fastcall_cfunction_with_keywords, MethodDef};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyString, PyTuple};
+use pyo3::types::{PyBool, PyInt, PyString, PyTuple};
 use pyo3::{ffi, intern, Borrowed};
 
 use super::Tensor;
@@ -37,9 +37,15 @@ fn parse_max_version(max_version: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         return Err(bad());
     }
     // Items borrowed, not extracted as a Rust tuple: this runs on every export.
-    let major = tuple.get_borrowed_item(0)?.extract::<i64>().map_err(|_| bad())?;
-    tuple.get_borrowed_item(1)?.extract::<i64>().map_err(|_| bad())?;
-    Ok(major < 1)
+    let (major, minor) = (tuple.get_borrowed_item(0)?, tuple.get_borrowed_item(1)?);
+    if !major.is_instance_of::<PyInt>() || !minor.is_instance_of::<PyInt>() || major.is_instance_of::<PyBool>() {
+        return Err(bad());
+    }
+    // Any int, however large (a far-future major still gets our newest).
+    match major.extract::<i64>() {
+        Ok(major) => Ok(major < 1),
+        Err(_) => major.lt(1),
+    }
 }
 
 fn parse_copy(copy: Option<&Bound<'_, PyAny>>) -> PyResult<Option<bool>> {

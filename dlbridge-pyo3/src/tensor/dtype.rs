@@ -4,7 +4,6 @@ use dlbridge::DataType;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
-use crate::errors::IntoPyResult;
 
 /// An element type: `str(dtype)` is the canonical name, and it compares equal
 /// to that name.
@@ -17,7 +16,7 @@ impl DType {
     /// Parses a canonical name such as `"float32"` or `"float32x4"`.
     #[new]
     fn py_new(name: &str) -> PyResult<Self> {
-        name.parse().map(DType).py()
+        crate::convert::parse_dtype_name(name).map(DType)
     }
 
     /// The DLPack type code.
@@ -56,8 +55,10 @@ impl DType {
         if let Ok(other) = other.cast::<DType>() {
             return other.get().0 == self.0;
         }
+        // Only the canonical name: equal objects must hash alike, and the hash
+        // is the canonical name's ("float32x1" names float32 but is not equal).
         if let Ok(name) = other.cast::<PyString>() {
-            return name.to_str().ok().and_then(|n| n.parse::<DataType>().ok()) == Some(self.0);
+            return name.to_str().is_ok_and(|n| n == self.0.to_string());
         }
         false
     }
