@@ -8,12 +8,18 @@ use crate::errors::IntoPyResult;
 use crate::import::{from_dlpack, import_any, ImportOptions};
 use crate::tensor::Tensor;
 
-/// `from_dlpack(x, /, *, device=None, copy=None)`: a tensor from any DLPack
-/// producer or raw capsule (which is consumed).
+/// `from_dlpack(x, /, *, device=None, copy=None, stream=None)`: a tensor from
+/// any DLPack producer or raw capsule (which is consumed). `stream` is the
+/// consumer's stream for a producer on CUDA or ROCm (None: the legacy default).
 #[pyfunction(name = "from_dlpack")]
-#[pyo3(signature = (x, /, *, device=None, copy=None))]
-pub(crate) fn py_from_dlpack(x: &Bound<'_, PyAny>, device: Option<&Bound<'_, PyAny>>, copy: Option<bool>) -> PyResult<Tensor> {
-    let options = ImportOptions { device: parse_device(device)?, copy };
+#[pyo3(signature = (x, /, *, device=None, copy=None, stream=None))]
+pub(crate) fn py_from_dlpack(
+    x: &Bound<'_, PyAny>,
+    device: Option<&Bound<'_, PyAny>>,
+    copy: Option<bool>,
+    stream: Option<i64>,
+) -> PyResult<Tensor> {
+    let options = ImportOptions { device: parse_device(device)?, copy, stream };
     Ok(Tensor::new(from_dlpack(x, options)?))
 }
 

@@ -77,6 +77,30 @@ impl DeviceType {
         matches!(self, Self::CUDA | Self::CUDA_MANAGED | Self::ROCM)
     }
 
+    /// Checks a DLPack `stream` value for this device type, by the array API's
+    /// rules: CUDA takes 1 (legacy default), 2 (per-thread default) or a handle
+    /// above 2, and 0 is refused as ambiguous; ROCm takes 0 (default) or a
+    /// handle above 2; -1 means "do not synchronise" on both. A device without
+    /// streams takes none.
+    pub const fn accepts_stream(self, stream: i64) -> bool {
+        match self {
+            Self::CUDA | Self::CUDA_MANAGED => stream == -1 || stream >= 1,
+            Self::ROCM => stream == -1 || stream == 0 || stream > 2,
+            _ => false,
+        }
+    }
+
+    /// The stream a consumer passes when its caller named none: the legacy
+    /// default stream, as the spec's tip recommends (an explicit value, since
+    /// producers differ on what `None` means). `None` for devices without streams.
+    pub const fn default_stream(self) -> Option<i64> {
+        match self {
+            Self::CUDA | Self::CUDA_MANAGED => Some(1),
+            Self::ROCM => Some(0),
+            _ => None,
+        }
+    }
+
     /// Whether ordinary CPU loads and stores may touch this memory: host, pinned
     /// host (CUDA and ROCm) and CUDA managed memory.
     pub const fn is_cpu_accessible(self) -> bool {
@@ -150,6 +174,19 @@ impl fmt::Display for Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_values_follow_the_array_api() {
+        let cuda = DeviceType::CUDA;
+        assert!(cuda.accepts_stream(1) && cuda.accepts_stream(2) && cuda.accepts_stream(7) && cuda.accepts_stream(-1));
+        assert!(!cuda.accepts_stream(0) && !cuda.accepts_stream(-2));
+        let rocm = DeviceType::ROCM;
+        assert!(rocm.accepts_stream(0) && rocm.accepts_stream(3) && rocm.accepts_stream(-1));
+        assert!(!rocm.accepts_stream(1) && !rocm.accepts_stream(2));
+        assert!(!DeviceType::CPU.accepts_stream(1) && !DeviceType::CPU.accepts_stream(-1));
+        assert_eq!((cuda.default_stream(), rocm.default_stream(), DeviceType::CPU.default_stream()), (Some(1), Some(0), None));
+        assert_eq!(DeviceType::CUDA_MANAGED.default_stream(), Some(1));
+    }
 
     #[test]
     fn cpu_reachable_devices() {

@@ -43,6 +43,10 @@ pub struct ImportOptions {
     /// `Some(true)`: the result owns fresh memory. `Some(false)`: never copy.
     /// `None`: copy only if needed.
     pub copy: Option<bool>,
+    /// The consumer's stream, passed to a producer on a device with streams
+    /// (CUDA, ROCm), which orders its pending work before it. `None` passes
+    /// that device's legacy default stream (1 on CUDA, 0 on ROCm).
+    pub stream: Option<i64>,
 }
 
 /// Whether memory on `device` can be handed to a consumer that asked for `wanted`.
@@ -53,6 +57,9 @@ pub(crate) fn reaches(device: Device, wanted: Device) -> bool {
 /// Applies `device` and `copy` to an imported tensor.
 fn finish(owned: AnyOwned, options: ImportOptions) -> PyResult<AnyOwned> {
     let device = owned.view().device();
+    if let Some(stream) = options.stream.filter(|_| !device.device_type.has_streams()) {
+        return Err(PyValueError::new_err(format!("stream={stream} was given, but the tensor is on {device}, which has no streams")));
+    }
     if let Some(wanted) = options.device {
         if !reaches(device, wanted) {
             if options.copy == Some(false) {
@@ -113,7 +120,7 @@ pub fn from_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<A
 /// `__array_interface__` or `__cuda_array_interface__`, tried in that order.
 pub fn import_any(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<AnyOwned> {
     let py = obj.py();
-    let options = ImportOptions { device: None, copy };
+    let options = ImportOptions { copy, ..ImportOptions::default() };
     if obj.cast_exact::<Tensor>().is_ok() || is_capsule(obj) || has_dlpack(obj) {
         return from_dlpack(obj, options);
     }

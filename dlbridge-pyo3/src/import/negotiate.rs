@@ -2,9 +2,11 @@
 //!
 //! Ask for `max_version=(1, 3)`, pass `dl_device` and `copy` only when the
 //! caller gave them, retry without them on TypeError, then with no keywords at
-//! all (early-draft and pre-1.0 producers).
+//! all (early-draft and pre-1.0 producers). A producer whose
+//! `__dlpack_device__` names a device with streams gets an explicit `stream`
+//! in every attempt: the caller's, or the legacy default stream.
 
-use pyo3::exceptions::{PyAttributeError, PyTypeError};
+use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
@@ -15,21 +17,16 @@ use crate::capsule::is_capsule;
 use crate::convert::type_name;
 
 /// The keyword names of a `__dlpack__` call, cached per combination of the
-/// optional `dl_device` and `copy`.
+/// optional `stream`, `dl_device` and `copy` (`max_version` when `versioned`).
 // Cannot fire: making a tuple of interned strings fails only on out-of-memory.
 #[allow(clippy::expect_used)]
-fn kwnames(py: Python<'_>, dl_device: bool, copy: bool) -> &Bound<'_, PyTuple> {
-    static CACHE: [PyOnceLock<Py<PyTuple>>; 4] = [const { PyOnceLock::new() }; 4];
-    let index = usize::from(dl_device) | usize::from(copy) << 1;
+fn kwnames(py: Python<'_>, versioned: bool, stream: bool, dl_device: bool, copy: bool) -> &Bound<'_, PyTuple> {
+    static CACHE: [PyOnceLock<Py<PyTuple>>; 16] = [const { PyOnceLock::new() }; 16];
+    let index = usize::from(versioned) | usize::from(stream) << 1 | usize::from(dl_device) << 2 | usize::from(copy) << 3;
     CACHE[index]
         .get_or_init(py, || {
-            let mut names = vec![intern!(py, "max_version")];
-            if dl_device {
-                names.push(intern!(py, "dl_device"));
-            }
-            if copy {
-                names.push(intern!(py, "copy"));
-            }
+            let wanted = [(versioned, intern!(py, "max_version")), (stream, intern!(py, "stream")), (dl_device, intern!(py, "dl_device")), (copy, intern!(py, "copy"))];
+            let names: Vec<_> = wanted.into_iter().filter(|(on, _)| *on).map(|(_, name)| name).collect();
             PyTuple::new(py, names).expect("a tuple of strings").unbind()
         })
         .bind(py)
@@ -47,25 +44,51 @@ fn max_version_arg(py: Python<'_>) -> &Bound<'_, PyTuple> {
         .bind(py)
 }
 
-/// `obj.__dlpack__(max_version=(1, 3)[, dl_device=..][, copy=..])` by vectorcall,
-/// with interned names and no dict.
-fn call_dlpack_versioned<'py>(obj: &Bound<'py, PyAny>, options: ImportOptions) -> PyResult<Bound<'py, PyAny>> {
+/// `obj.__dlpack__([max_version=(1, 3)][, stream=..][, dl_device=..][, copy=..])`
+/// by vectorcall, with interned names and no dict.
+fn call_dlpack<'py>(obj: &Bound<'py, PyAny>, versioned: bool, stream: Option<i64>, options: ImportOptions) -> PyResult<Bound<'py, PyAny>> {
     let py = obj.py();
+    let stream_arg = stream.map(|s| s.into_pyobject(py)).transpose()?;
     let device_arg = options.device.map(|d| PyTuple::new(py, [d.device_type.0, d.device_id])).transpose()?;
     let copy_arg = options.copy.map(|c| pyo3::types::PyBool::new(py, c).to_owned().into_any());
-    let mut args: [*mut ffi::PyObject; 4] = [obj.as_ptr(), max_version_arg(py).as_ptr(), core::ptr::null_mut(), core::ptr::null_mut()];
-    let keywords = [device_arg.as_ref().map(|d| d.as_any()), copy_arg.as_ref()];
-    for (slot, value) in args[2..].iter_mut().zip(keywords.into_iter().flatten()) {
+    let version_arg = versioned.then(|| max_version_arg(py).as_any().clone());
+    let values = [version_arg.as_ref(), stream_arg.as_ref().map(|s| s.as_any()), device_arg.as_ref().map(|d| d.as_any()), copy_arg.as_ref()];
+    let mut args: [*mut ffi::PyObject; 5] = [obj.as_ptr(), core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut()];
+    for (slot, value) in args[1..].iter_mut().zip(values.into_iter().flatten()) {
         *slot = value.as_ptr();
     }
-    let names = kwnames(py, device_arg.is_some(), copy_arg.is_some());
-    // SAFETY: `args` holds self followed by one value per keyword name, all
-    // borrowed from live objects for the duration of the call; nargsf counts
-    // self only.
+    let names = kwnames(py, versioned, stream_arg.is_some(), device_arg.is_some(), copy_arg.is_some());
+    // SAFETY: `args` holds self followed by one value per keyword name, in the
+    // names' order, all borrowed from live objects for the duration of the
+    // call; nargsf counts self only.
     unsafe {
         let result = ffi::PyObject_VectorcallMethod(intern!(py, "__dlpack__").as_ptr(), args.as_ptr(), 1, names.as_ptr());
         Bound::from_owned_ptr_or_err(py, result)
     }
+}
+
+/// The `stream` to pass to `obj`'s `__dlpack__`: none for a producer on a
+/// device without streams (where a caller's stream is a ValueError), else the
+/// caller's or the device's legacy default, checked by the spec's rules. A
+/// producer whose `__dlpack_device__` fails is asked without one.
+fn producer_stream(obj: &Bound<'_, PyAny>, requested: Option<i64>) -> PyResult<Option<i64>> {
+    let py = obj.py();
+    let Ok(device) = obj.call_method0(intern!(py, "__dlpack_device__")) else {
+        let _ = PyErr::take(py);
+        return Ok(requested);
+    };
+    let Ok(device) = crate::convert::parse_device_tuple(&device, "__dlpack_device__()") else { return Ok(requested) };
+    let Some(default) = device.device_type.default_stream() else {
+        return match requested {
+            None => Ok(None),
+            Some(s) => Err(PyValueError::new_err(format!("stream={s} was given, but the producer's tensor is on {device}, which has no streams"))),
+        };
+    };
+    let stream = requested.unwrap_or(default);
+    if !device.device_type.accepts_stream(stream) {
+        return Err(PyValueError::new_err(format!("stream {stream} is not valid for a tensor on {device}")));
+    }
+    Ok(Some(stream))
 }
 
 /// Turns a failed `__dlpack__` lookup into the TypeError that `from_dlpack` raises.
@@ -83,11 +106,17 @@ pub(crate) fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
 /// Calls `__dlpack__` with the array-API negotiation and returns its capsule.
 pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptions) -> PyResult<Bound<'py, PyAny>> {
     let py = obj.py();
-    let mut attempt = call_dlpack_versioned(obj, options);
-    if options != ImportOptions::default() && matches!(&attempt, Err(err) if err.is_instance_of::<PyTypeError>(py)) {
+    let stream = producer_stream(obj, options.stream)?;
+    let is_type_error = |attempt: &PyResult<Bound<'py, PyAny>>| matches!(attempt, Err(err) if err.is_instance_of::<PyTypeError>(py));
+    let mut attempt = call_dlpack(obj, true, stream, options);
+    if (options.device.is_some() || options.copy.is_some()) && is_type_error(&attempt) {
         // A producer that knows max_version but not the newer dl_device/copy:
         // ask again without them; the caller applies them afterwards.
-        attempt = call_dlpack_versioned(obj, ImportOptions::default());
+        attempt = call_dlpack(obj, true, stream, ImportOptions::default());
+    }
+    if stream.is_some() && is_type_error(&attempt) {
+        // A producer that predates max_version, asked with its stream.
+        attempt = call_dlpack(obj, false, stream, ImportOptions::default());
     }
     let capsule = match attempt {
         Ok(capsule) => capsule,

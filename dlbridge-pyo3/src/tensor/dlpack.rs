@@ -7,7 +7,7 @@
 
 use dlbridge::export::export_view;
 use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED};
-use dlbridge::{to_contiguous, Device, DeviceType, ManagedAbi, Owned, OwnedTensor};
+use dlbridge::{to_contiguous, Device, ManagedAbi, Owned, OwnedTensor};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::impl_::trampoline::{fastcall_cfunction_with_keywords, MethodDef};
 use pyo3::prelude::*;
@@ -70,11 +70,7 @@ fn check_stream(stream: Option<&Bound<'_, PyAny>>, device: Device) -> PyResult<(
     let value: i64 = stream
         .extract()
         .map_err(|_| PyTypeError::new_err(format!("stream must be None or an int, got {stream}")))?;
-    let valid = match device.device_type {
-        DeviceType::ROCM => value == -1 || value == 0 || value > 2,
-        _ => value == -1 || value >= 1,
-    };
-    if !valid {
+    if !device.device_type.accepts_stream(value) {
         return Err(PyValueError::new_err(format!("stream {value} is not valid for a tensor on {device}")));
     }
     Ok(())

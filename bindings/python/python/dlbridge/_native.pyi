@@ -135,13 +135,17 @@ class Tensor:
     def _writability(self) -> str: ...
     def __len__(self) -> int: ...
 
-def from_dlpack(x: Any, /, *, device: Union[None, str, _Device] = None, copy: Optional[bool] = None) -> Tensor:
+def from_dlpack(
+    x: Any, /, *, device: Union[None, str, _Device] = None, copy: Optional[bool] = None, stream: Optional[int] = None
+) -> Tensor:
     """A tensor from any object with `__dlpack__`, or from a raw "dltensor"/"dltensor_versioned" capsule
     (which is consumed). Asks for max_version=(1, 3) and falls back for older producers.
 
     device: None (keep), "cpu", or a (device_type, device_id) tuple.
     copy: None copies only if needed; True always gives fresh memory; False never copies and raises
     ValueError when a copy would be needed.
+    stream: the consumer's stream for a producer on CUDA or ROCm, passed to its `__dlpack__`; None
+    passes the legacy default stream (1 on CUDA, 0 on ROCm). A stream for a CPU tensor is a ValueError.
 
     Raises TypeError for objects without `__dlpack__`, ValueError for used or foreign capsules,
     BufferError for tensors that cannot be imported or unsupported devices."""

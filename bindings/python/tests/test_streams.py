@@ -1,0 +1,90 @@
+"""The consumer side of the spec's stream rules, with producers that record what they are asked:
+a producer on a device with streams gets an explicit stream (the caller's, or the legacy default),
+checked per device; a CPU producer gets none. No GPU is needed: these producers hand out capsules
+that claim CUDA or ROCm memory, which dlbridge carries without touching it."""
+
+import numpy as np
+import pytest
+
+import dlbridge
+from dlpack_ctypes import FakeProducer
+
+
+class Recorder:
+    """A producer on `device` that records the keywords of each `__dlpack__` call."""
+
+    def __init__(self, device, accepts=("stream", "max_version", "dl_device", "copy")):
+        self.device, self.accepts, self.calls, self.fakes = device, accepts, [], []
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, **kwargs):
+        unknown = set(kwargs) - set(self.accepts)
+        if unknown:
+            raise TypeError(f"unexpected keyword {sorted(unknown)[0]}")
+        self.calls.append(kwargs)
+        fake = FakeProducer(versioned=kwargs.get("max_version") is not None)
+        fake.tensor.device.device_type, fake.tensor.device.device_id = self.device
+        self.fakes.append(fake)
+        return fake.capsule()
+
+
+def test_cuda_producer_gets_the_legacy_default_stream():
+    p = Recorder((2, 0))
+    t = dlbridge.from_dlpack(p)
+    assert t.device == (2, 0)
+    assert p.calls == [{"max_version": (1, 3), "stream": 1}]
+
+
+def test_the_callers_stream_is_passed_as_given():
+    p = Recorder((2, 1))
+    dlbridge.from_dlpack(p, stream=7)
+    dlbridge.from_dlpack(p, stream=-1)  # -1: the consumer asks for no synchronisation
+    dlbridge.from_dlpack(p, stream=2)
+    assert [c["stream"] for c in p.calls] == [7, -1, 2]
+
+
+@pytest.mark.parametrize("device, stream", [((2, 0), 0), ((2, 0), -2), ((10, 0), 1), ((10, 0), 2), ((1, 0), 3)])
+def test_invalid_streams_are_value_errors_before_the_producer_is_asked(device, stream):
+    p = Recorder(device)
+    with pytest.raises(ValueError):
+        dlbridge.from_dlpack(p, stream=stream)
+    assert p.calls == []
+
+
+def test_rocm_default_is_zero():
+    p = Recorder((10, 0))
+    dlbridge.from_dlpack(p)
+    assert p.calls[0]["stream"] == 0
+
+
+def test_cpu_producers_get_no_stream():
+    p = Recorder((1, 0))
+    dlbridge.from_dlpack(p)
+    assert p.calls == [{"max_version": (1, 3)}]
+
+
+def test_a_legacy_producer_still_gets_its_stream():
+    p = Recorder((2, 0), accepts=("stream",))
+    dlbridge.from_dlpack(p)
+    assert p.calls == [{"stream": 1}]
+
+
+def test_a_producer_without_dlpack_device_is_asked_without_a_stream():
+    a = np.arange(3.0)
+
+    class NoDevice:
+        def __dlpack__(self, **kwargs):
+            assert "stream" not in kwargs
+            return a.__dlpack__(**kwargs)
+
+    assert dlbridge.from_dlpack(NoDevice()).tolist() == [0.0, 1.0, 2.0]
+
+
+def test_cpu_fast_paths_refuse_a_stream_too():
+    a = np.arange(3.0)
+    assert dlbridge.from_dlpack(a).tolist() == [0.0, 1.0, 2.0]
+    for source in (a, dlbridge.from_dlpack(a), Recorder((1, 0))):
+        with pytest.raises(ValueError, match="no streams"):
+            dlbridge.from_dlpack(source, stream=5)
