@@ -184,11 +184,20 @@ impl<M: ManagedAbi> Owned<M> {
     /// export is dropped. A thread that writes in place a storage it has
     /// exported and still holds blocks forever (a deadlock, never undefined
     /// behaviour): `Tensor::copy` first if the tensor must stay writable.
-    /// Taking the guard also waits while another thread writes the storage.
+    ///
+    /// Taking the guard waits while another thread writes the storage, or waits
+    /// to: parking_lot's lock is fair, and candle's `storage_and_layout`, the
+    /// only public way in, takes a non-recursive read guard. So exporting a
+    /// storage again while this thread still holds an export of it and another
+    /// thread waits to write it also blocks until the first export is dropped.
+    /// candle's tensor operations read through recursive read guards, which
+    /// an export never blocks.
     ///
     /// candle has no public way to tell whether a storage is shared, so the
     /// export is READ_ONLY even when it is not: candle's own readers do not take
-    /// the write lock, so a consumer writing it would race with them.
+    /// the write lock, so a consumer writing it would race with them. (A legacy
+    /// `DLManagedTensor` has no flags: it stays read-only on the Rust side, but
+    /// a C consumer given it by `into_raw` is not told.)
     ///
     /// # Errors
     /// `NotCpuAccessible` for a CUDA or Metal tensor; `UnsupportedDtype` for
@@ -228,11 +237,11 @@ impl<M: ManagedAbi> Owned<M> {
         // (the heap buffer of a `Vec` inside the lock: moving the lease into the
         // export block moves neither), and `place` checked that every element
         // the layout reaches lies among its `len` elements. Until the deleter
-        // drops the lease, the read guard keeps out every candle writer: the
-        // in-place ops named in the module docs, `Var::set`, and an `InplaceOp`
-        // that could replace or grow the `Vec`. So those bytes stay valid and
-        // unchanged, and the export is READ_ONLY, so no consumer may write them
-        // while candle's readers read them. A hostile caller holding another
+        // drops the lease, the read guard keeps out every candle writer, all of
+        // which take the write guard: `const_set` and friends, `slice_set`,
+        // `Var::set`, and an `InplaceOp` that could replace or grow the `Vec`.
+        // So those bytes stay valid and unchanged, and the export is READ_ONLY,
+        // so no consumer may write them while candle's readers read them. A hostile caller holding another
         // clone can only wait on the lock.
         unsafe { export_raw(lease, data.cast(), raw, DLPACK_FLAG_BITMASK_READ_ONLY) }
     }
