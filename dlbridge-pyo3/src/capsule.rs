@@ -84,14 +84,19 @@ unsafe extern "C" fn destructor<M: ManagedAbi>(capsule: *mut ffi::PyObject) {
         if ffi::PyCapsule_IsValid(capsule, M::USED_CAPSULE_NAME.as_ptr()) == 1 {
             return;
         }
+        let in_flight = !ffi::PyErr_Occurred().is_null();
         let (mut kind, mut value, mut traceback) = (core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut());
-        ffi::PyErr_Fetch(&mut kind, &mut value, &mut traceback);
+        if in_flight {
+            ffi::PyErr_Fetch(&mut kind, &mut value, &mut traceback);
+        }
         let ptr = ffi::PyCapsule_GetPointer(capsule, M::CAPSULE_NAME.as_ptr()).cast::<M>();
         match core::ptr::NonNull::new(ptr) {
             Some(ptr) => M::delete(ptr),
             None => ffi::PyErr_WriteUnraisable(capsule),
         }
-        ffi::PyErr_Restore(kind, value, traceback);
+        if in_flight {
+            ffi::PyErr_Restore(kind, value, traceback);
+        }
     }
 }
 

@@ -16,6 +16,11 @@ fn with_gil_unless_finalized(release: impl FnOnce()) {
         if ffi::Py_IsInitialized() == 0 {
             return;
         }
+        // The common case, a capsule freed by Python: the GIL is already ours.
+        if ffi::PyGILState_Check() == 1 {
+            release();
+            return;
+        }
         let gil = ffi::PyGILState_Ensure();
         release();
         ffi::PyGILState_Release(gil);
