@@ -25,7 +25,8 @@ pub fn exception_name(err: &Error) -> &'static core::ffi::CStr {
         Error::UnknownDtypeName { .. }
         | Error::StridesLength { .. }
         | Error::OutOfBounds { .. }
-        | Error::RankMismatch { .. } => c"ValueError",
+        | Error::RankMismatch { .. }
+        | Error::InvalidStream { .. } => c"ValueError",
         Error::DtypeMismatch { .. } => c"TypeError",
         Error::AllocationFailed { .. } => c"MemoryError",
         _ => c"BufferError",

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 
 use crate::convert::{parse_device, parse_dtype, parse_shape};
 use crate::errors::IntoPyResult;
-use crate::import::{from_dlpack, import_any, ImportOptions};
+use crate::import::{from_dlpack_ready, import_any_ready, ImportOptions};
 use crate::tensor::Tensor;
 
 /// `from_dlpack(x, /, *, device=None, copy=None, stream=None)`: a tensor from
@@ -20,7 +20,8 @@ pub(crate) fn py_from_dlpack(
     stream: Option<i64>,
 ) -> PyResult<Tensor> {
     let options = ImportOptions { device: parse_device(device)?, copy, stream };
-    Ok(Tensor::new(from_dlpack(x, options)?))
+    let (owned, ready) = from_dlpack_ready(x, options)?;
+    Ok(Tensor::new(owned).with_ready_stream(ready))
 }
 
 /// `asarray(obj, /, *, copy=None)`: a tensor from DLPack, the buffer protocol,
@@ -32,7 +33,8 @@ pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py
     if copy != Some(true) && obj.cast_exact::<Tensor>().is_ok() {
         return Ok(obj.clone().unbind());
     }
-    Ok(Bound::new(obj.py(), Tensor::new(import_any(obj, copy)?))?.into_any().unbind())
+    let (owned, ready) = import_any_ready(obj, copy)?;
+    Ok(Bound::new(obj.py(), Tensor::new(owned).with_ready_stream(ready))?.into_any().unbind())
 }
 
 /// `empty(shape, dtype=None, *, shared=False)`: a CPU tensor whose memory Rust

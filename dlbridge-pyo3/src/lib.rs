@@ -75,7 +75,7 @@ pub use capsule::AnyOwned;
 pub use convert::parse_device;
 pub use dlbridge;
 pub use errors::to_py_err;
-pub use import::{from_dlpack, import_any, ImportOptions};
+pub use import::{from_dlpack, from_dlpack_ready, import_any, import_any_ready, ImportOptions, Imported};
 pub use pyo3;
 pub use tensor::{DType, Tensor};
 pub use writability::Writability;

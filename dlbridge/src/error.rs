@@ -153,6 +153,25 @@ pub enum Error {
         /// The element size in bytes.
         itemsize: usize,
     },
+    /// A stream value the spec does not allow for the device type.
+    InvalidStream {
+        /// The device type.
+        device: crate::DeviceType,
+        /// The stream value.
+        stream: i64,
+    },
+    /// No CUDA driver could be loaded, or it failed to initialise.
+    CudaUnavailable {
+        /// Why.
+        reason: String,
+    },
+    /// A CUDA driver call failed.
+    Cuda {
+        /// The driver function.
+        call: &'static str,
+        /// Its `CUresult`.
+        code: u32,
+    },
     /// The allocator could not provide the memory (Python: MemoryError).
     AllocationFailed {
         /// The bytes asked for.
@@ -222,6 +241,9 @@ impl fmt::Display for Error {
                 f,
                 "stride {byte_stride} of axis {axis} is not a multiple of the itemsize {itemsize}; DLPack counts strides in elements"
             ),
+            Error::InvalidStream { device, stream } => write!(f, "stream {stream} is not valid for a tensor on {device}"),
+            Error::CudaUnavailable { reason } => write!(f, "CUDA is not available: {reason}"),
+            Error::Cuda { call, code } => write!(f, "{call} failed with CUresult {code}"),
             Error::AllocationFailed { bytes } => write!(f, "could not allocate {bytes} bytes"),
             Error::UnknownDevice { device } => {
                 write!(f, "device type {} is not one that DLPack defines", device.device_type.0)

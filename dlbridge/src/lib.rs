@@ -62,6 +62,9 @@ pub mod export;
 pub mod ffi;
 mod formats;
 pub mod layout;
+pub mod streams;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod owned;
 #[cfg(feature = "ndarray")]
 mod ndarray;

@@ -88,3 +88,61 @@ def test_cpu_fast_paths_refuse_a_stream_too():
     for source in (a, dlbridge.from_dlpack(a), Recorder((1, 0))):
         with pytest.raises(ValueError, match="no streams"):
             dlbridge.from_dlpack(source, stream=5)
+
+
+# --- without a CUDA driver (this suite's machines): the hand-off is decided, and refused clearly --
+
+import ctypes.util
+
+no_driver = pytest.mark.skipif(ctypes.util.find_library("cuda") is not None, reason="a CUDA driver is present: the GPU suite covers it")
+
+
+def cuda_tensor(stream=None):
+    p = Recorder((2, 0))
+    t = dlbridge.from_dlpack(p) if stream is None else dlbridge.from_dlpack(p, stream=stream)
+    return t, p
+
+
+def test_a_cuda_tensor_remembers_the_stream_its_data_is_ready_on():
+    t, _ = cuda_tensor()
+    assert t.__cuda_array_interface__["stream"] == 1
+    t, _ = cuda_tensor(stream=9)
+    assert t.__cuda_array_interface__["stream"] == 9
+    # Same stream, or -1: nothing to wait for, so no driver is needed.
+    t.__dlpack__(stream=9)
+    t.__dlpack__(stream=-1, max_version=(1, 3))
+    with pytest.raises(ValueError, match="stream 0 is not valid"):
+        t.__dlpack__(stream=0)
+
+
+@no_driver
+def test_stream_hand_off_and_copies_name_the_missing_driver():
+    t, _ = cuda_tensor()
+    with pytest.raises(BufferError, match="CUDA is not available: the CUDA driver library"):
+        t.__dlpack__(stream=5)  # data ready on 1, consumer on 5: an event is needed
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        t.__dlpack__(dl_device=(1, 0))
+    with pytest.raises(ValueError, match="copy=False"):
+        t.__dlpack__(dl_device=(1, 0), copy=False)
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        dlbridge.from_dlpack(Recorder((2, 0)), device="cpu")
+    with pytest.raises(ValueError, match="copy=False"):
+        dlbridge.from_dlpack(Recorder((2, 0)), device="cpu", copy=False)
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        dlbridge.from_dlpack(np.arange(3.0), device=(2, 0))
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        dlbridge.from_dlpack(np.arange(3.0), device=(3, 0))
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        dlbridge.from_dlpack(Recorder((2, 0)), copy=True)
+
+
+def test_cuda_array_interface_stream_entry_is_kept_and_zero_refused():
+    class Cai:
+        def __init__(self, stream):
+            self.__cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0x10000, False), "version": 3, "strides": None, "stream": stream}
+
+    t = dlbridge.asarray(Cai(7))
+    assert t.device[0] == 2 and t.__cuda_array_interface__["stream"] == 7
+    assert dlbridge.asarray(Cai(None)).__cuda_array_interface__["stream"] is None
+    with pytest.raises(ValueError, match="stream 0"):
+        dlbridge.asarray(Cai(0))

@@ -78,11 +78,13 @@ pub fn import_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAn
 }
 
 /// Imports a `__cuda_array_interface__` (versions 0-3) exporter without
-/// touching device memory. The device id is reported as 0: the interface does
-/// not carry one. A `stream` other than None is validated (0 is not allowed)
-/// but not synchronised on, since no CUDA work is done here.
-pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<AnyOwned> {
+/// touching device memory, with the stream its data is ready on (its `stream`
+/// entry: 0 is refused, absent or None means no pending work). The device id
+/// comes from the pointer's attributes when a CUDA driver is present (the
+/// interface carries none), else 0.
+pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<(AnyOwned, Option<i64>)> {
     let (parsed, dict) = parse_interface(interface, "__cuda_array_interface__")?;
+    let mut ready = None;
     if let Some(stream) = dict.get_item("stream")?.filter(|s| !s.is_none()) {
         let s: i64 = stream
             .extract()
@@ -92,10 +94,12 @@ pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_,
                 "__cuda_array_interface__ stream 0 is ambiguous and disallowed; use 1 for the legacy default stream",
             ));
         }
+        ready = Some(s);
     }
     let (address, readonly) =
         parsed.data.ok_or_else(|| PyValueError::new_err("__cuda_array_interface__ needs a \"data\" pointer"))?;
-    import_pointer(obj, &parsed, address, readonly, Device::cuda(0))
+    let device_id = if address == 0 { 0 } else { dlbridge::cuda::pointer_device(address).unwrap_or(0) };
+    Ok((import_pointer(obj, &parsed, address, readonly, Device::cuda(device_id))?, ready))
 }
 
 fn import_pointer(obj: &Bound<'_, PyAny>, parsed: &Interface, address: usize, readonly: bool, device: Device) -> PyResult<AnyOwned> {

@@ -18,7 +18,7 @@ mod interface;
 mod negotiate;
 mod numpy;
 
-use dlbridge::{to_contiguous, Device, OwnedTensor};
+use dlbridge::{to_contiguous, Device, DeviceType, OwnedTensor};
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
@@ -54,12 +54,47 @@ pub(crate) fn reaches(device: Device, wanted: Device) -> bool {
     wanted == device || (wanted == Device::CPU && device.is_cpu_accessible())
 }
 
-/// Applies `device` and `copy` to an imported tensor.
-fn finish(owned: AnyOwned, options: ImportOptions) -> PyResult<AnyOwned> {
+/// An imported tensor and, for device memory, the stream its data is ready on.
+pub type Imported = (AnyOwned, Option<i64>);
+
+/// A copy of `owned` on `wanted`, which it cannot reach as it is: CUDA to the
+/// host (pageable or pinned), or host memory to a CUDA device.
+fn move_to(owned: &AnyOwned, ready: Option<i64>, wanted: Device) -> PyResult<Imported> {
+    let view = owned.view();
+    let from = view.device();
+    let on_cuda = matches!(from.device_type, DeviceType::CUDA | DeviceType::CUDA_MANAGED);
+    let copied: OwnedTensor = match wanted.device_type {
+        DeviceType::CPU if on_cuda => dlbridge::cuda::to_host(view, ready, false).py()?,
+        DeviceType::CUDA_HOST if on_cuda || from.is_cpu_accessible() => dlbridge::cuda::to_host(view, ready, true).py()?,
+        DeviceType::CUDA if from.is_cpu_accessible() => dlbridge::cuda::to_device(view, wanted.device_id).py()?,
+        _ => return Err(PyBufferError::new_err(format!("cannot move a tensor from {from} to {wanted}"))),
+    };
+    Ok((AnyOwned::Versioned(copied), None))
+}
+
+/// Refuses a CUDA import whose pointer lives on another device than its
+/// producer says, when a driver can tell.
+fn check_device_id(owned: &AnyOwned) -> PyResult<()> {
+    let view = owned.view();
+    let device = view.device();
+    if device.device_type != DeviceType::CUDA || view.is_empty() {
+        return Ok(());
+    }
+    match dlbridge::cuda::pointer_device(view.as_ptr() as usize) {
+        Ok(actual) if actual != device.device_id => Err(PyBufferError::new_err(format!(
+            "the producer says its tensor is on {device}, but its memory is on cuda:{actual}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Applies `device`, `copy` and `stream` to an imported tensor.
+fn finish((owned, ready): Imported, options: ImportOptions) -> PyResult<Imported> {
     let device = owned.view().device();
     if let Some(stream) = options.stream.filter(|_| !device.device_type.has_streams()) {
         return Err(PyValueError::new_err(format!("stream={stream} was given, but the tensor is on {device}, which has no streams")));
     }
+    check_device_id(&owned)?;
     if let Some(wanted) = options.device {
         if !reaches(device, wanted) {
             if options.copy == Some(false) {
@@ -67,18 +102,22 @@ fn finish(owned: AnyOwned, options: ImportOptions) -> PyResult<AnyOwned> {
                     "the tensor is on {device}, not {wanted}, and copy=False forbids moving it"
                 )));
             }
-            return Err(PyBufferError::new_err(format!("cannot move a tensor from {device} to {wanted}")));
+            return move_to(&owned, ready, wanted);
         }
     }
     match options.copy {
         Some(true) if !owned.is_copied() => {
-            let copied: OwnedTensor = to_contiguous(owned.view()).py()?;
-            Ok(AnyOwned::Versioned(copied))
+            let copied: OwnedTensor = if device.device_type.has_streams() {
+                dlbridge::cuda::copy_on_device(owned.view(), ready).py()?
+            } else {
+                to_contiguous(owned.view()).py()?
+            };
+            Ok((AnyOwned::Versioned(copied), ready))
         }
         Some(false) if owned.is_copied() => Err(PyBufferError::new_err(
             "the producer copied the data (IS_COPIED is set) although copy=False was requested",
         )),
-        _ => Ok(owned),
+        _ => Ok((owned, ready)),
     }
 }
 
@@ -89,21 +128,26 @@ fn finish(owned: AnyOwned, options: ImportOptions) -> PyResult<AnyOwned> {
 /// foreign capsule, BufferError for a tensor that cannot be imported, and
 /// ValueError when `copy=False` forbids a needed copy.
 pub fn from_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<AnyOwned> {
+    from_dlpack_ready(obj, options).map(|(owned, _)| owned)
+}
+
+/// [`from_dlpack`], with the stream the data is ready on.
+pub fn from_dlpack_ready(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<Imported> {
     if let Ok(tensor) = obj.cast_exact::<Tensor>() {
-        return finish(Tensor::share(tensor)?, options);
+        return finish((Tensor::share(tensor)?, tensor.get().ready_stream()), options);
     }
     if is_capsule(obj) {
-        return finish(consume_capsule(obj)?, options);
+        return finish((consume_capsule(obj)?, None), options);
     }
     if let Some(owned) = numpy::import(obj)? {
-        return finish(AnyOwned::Versioned(owned), options);
+        return finish((AnyOwned::Versioned(owned), None), options);
     }
     if let Some(table) = exchange::lookup(obj) {
         if let Some(owned) = exchange::import_owned(obj, table)? {
-            return finish(AnyOwned::Versioned(owned), options);
+            return finish((AnyOwned::Versioned(owned), None), options);
         }
     }
-    let capsule = match negotiate::request_capsule(obj, options) {
+    let (capsule, stream) = match negotiate::request_capsule(obj, options) {
         // A producer that cannot copy still gets the caller a copy: import the
         // tensor as it is, then copy here. tvm-ffi refuses with BufferError,
         // TensorFlow with RuntimeError; if the plain import fails too, the
@@ -113,22 +157,27 @@ pub fn from_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<A
         }
         other => other?,
     };
-    finish(consume_capsule(&capsule)?, options)
+    finish((consume_capsule(&capsule)?, stream), options)
 }
 
 /// Imports from anything that exposes DLPack, the buffer protocol,
 /// `__array_interface__` or `__cuda_array_interface__`, tried in that order.
 pub fn import_any(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<AnyOwned> {
+    import_any_ready(obj, copy).map(|(owned, _)| owned)
+}
+
+/// [`import_any`], with the stream the data is ready on.
+pub fn import_any_ready(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Imported> {
     let py = obj.py();
     let options = ImportOptions { copy, ..ImportOptions::default() };
     if obj.cast_exact::<Tensor>().is_ok() || is_capsule(obj) || has_dlpack(obj) {
-        return from_dlpack(obj, options);
+        return from_dlpack_ready(obj, options);
     }
     // SAFETY: a type-slot check on a live object.
-    let owned = if unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1 {
-        import_buffer(obj)?
+    let imported = if unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1 {
+        (import_buffer(obj)?, None)
     } else if let Some(interface) = optional_attr(obj, intern!(py, "__array_interface__"))? {
-        import_array_interface(obj, &interface)?
+        (import_array_interface(obj, &interface)?, None)
     } else if let Some(interface) = optional_attr(obj, intern!(py, "__cuda_array_interface__"))? {
         import_cuda_array_interface(obj, &interface)?
     } else {
@@ -137,7 +186,7 @@ pub fn import_any(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<AnyOwn
             type_name(obj)
         )));
     };
-    finish(owned, options)
+    finish(imported, options)
 }
 
 fn optional_attr<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, PyAny>>> {

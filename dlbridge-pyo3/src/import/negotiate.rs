@@ -103,8 +103,9 @@ pub(crate) fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
     obj.hasattr(intern!(obj.py(), "__dlpack__")).unwrap_or(false)
 }
 
-/// Calls `__dlpack__` with the array-API negotiation and returns its capsule.
-pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptions) -> PyResult<Bound<'py, PyAny>> {
+/// Calls `__dlpack__` with the array-API negotiation and returns its capsule,
+/// with the stream the producer was asked to make the data ready on.
+pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptions) -> PyResult<(Bound<'py, PyAny>, Option<i64>)> {
     let py = obj.py();
     let stream = producer_stream(obj, options.stream)?;
     let is_type_error = |attempt: &PyResult<Bound<'py, PyAny>>| matches!(attempt, Err(err) if err.is_instance_of::<PyTypeError>(py));
@@ -138,5 +139,5 @@ pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptio
     if !is_capsule(&capsule) {
         return Err(PyTypeError::new_err(format!("__dlpack__ returned a {}, not a DLPack capsule", type_name(&capsule))));
     }
-    Ok(capsule)
+    Ok((capsule, stream))
 }

@@ -2,12 +2,13 @@
 //!
 //! A legacy `dltensor` capsule when `max_version` is None or below 1.0, else a
 //! `dltensor_versioned` at 1.3, flags set as the [writability rule](crate::writability)
-//! says. Installed as a `METH_FASTCALL | METH_KEYWORDS` method descriptor with
+//! says. For CUDA memory the consumer's `stream` is made to wait for the data's
+//! ([`dlbridge::streams::plan`]), and `dl_device=(1, 0)` gives a host copy. Installed as a `METH_FASTCALL | METH_KEYWORDS` method descriptor with
 //! keyword names matched by identity, which PyO3's generic parser cannot offer.
 
 use dlbridge::export::export_view;
 use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED};
-use dlbridge::{to_contiguous, Device, ManagedAbi, Owned, OwnedTensor};
+use dlbridge::{to_contiguous, Device, DeviceType, ManagedAbi, Owned, OwnedTensor};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::impl_::trampoline::{fastcall_cfunction_with_keywords, MethodDef};
 use pyo3::prelude::*;
@@ -26,9 +27,23 @@ pub(super) struct ExportRequest {
     legacy: bool,
     device: Device,
     copy: Option<bool>,
+    /// The consumer's stream (`None`: the legacy default, as the spec says).
+    stream: Option<i64>,
+    /// Whether to order the consumer's stream after the data's: false for the
+    /// exchange API's `no_sync` exports, which leave that to the caller.
+    order: bool,
+    /// Whether `device` needs a copy off the tensor's device (CUDA to host).
+    moved: bool,
 }
 
-/// Whether `max_version` asks for a legacy capsule (None, or a major below 1).
+impl ExportRequest {
+    /// What the exchange API's exports and `from_dlpack(tensor)` ask: the same
+    /// memory, as is, with no stream ordering.
+    fn unsynchronised(device: Device, legacy: bool) -> Self {
+        ExportRequest { legacy, device, copy: None, stream: None, order: false, moved: false }
+    }
+}
+
 fn parse_max_version(max_version: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
     let Some(v) = max_version.filter(|v| !v.is_none()) else { return Ok(true) };
     let bad = || PyTypeError::new_err(format!("max_version must be None or a (major, minor) tuple of ints, got {v}"));
@@ -58,10 +73,9 @@ fn parse_copy(copy: Option<&Bound<'_, PyAny>>) -> PyResult<Option<bool>> {
     }
 }
 
-/// Checks `stream` against the spec's rules for the device. No work is pending
-/// on any stream for a dlbridge tensor, so a valid stream needs no synchronisation.
-fn check_stream(stream: Option<&Bound<'_, PyAny>>, device: Device) -> PyResult<()> {
-    let Some(stream) = stream.filter(|s| !s.is_none()) else { return Ok(()) };
+/// Parses `stream` and checks it against the spec's rules for `device`.
+fn parse_stream(stream: Option<&Bound<'_, PyAny>>, device: Device) -> PyResult<Option<i64>> {
+    let Some(stream) = stream.filter(|s| !s.is_none()) else { return Ok(None) };
     if !device.device_type.has_streams() {
         return Err(PyValueError::new_err(format!(
             "stream must be None for a tensor on {device}, which has no streams; got {stream}"
@@ -73,7 +87,14 @@ fn check_stream(stream: Option<&Bound<'_, PyAny>>, device: Device) -> PyResult<(
     if !device.device_type.accepts_stream(value) {
         return Err(PyValueError::new_err(format!("stream {value} is not valid for a tensor on {device}")));
     }
-    Ok(())
+    Ok(Some(value))
+}
+
+/// Whether a tensor on `own` can be copied to `wanted` by `__dlpack__`: CUDA
+/// memory to the host, pageable or pinned.
+fn can_move(own: Device, wanted: Device) -> bool {
+    matches!(own.device_type, DeviceType::CUDA | DeviceType::CUDA_MANAGED)
+        && matches!(wanted.device_type, DeviceType::CPU | DeviceType::CUDA_HOST)
 }
 
 impl Tensor {
@@ -87,12 +108,20 @@ impl Tensor {
         let legacy = parse_max_version(max_version)?;
         let copy = parse_copy(copy)?;
         let own = self.view().device();
-        let device = match dl_device.filter(|d| !d.is_none()) {
-            None => own,
+        let (device, moved) = match dl_device.filter(|d| !d.is_none()) {
+            None => (own, false),
             Some(d) => {
                 let wanted = parse_device_tuple(d, "dl_device")?;
                 if reaches(own, wanted) {
-                    wanted
+                    (wanted, false)
+                } else if can_move(own, wanted) {
+                    // The method reference: a copy needed for CPU access with copy=False is a ValueError.
+                    if copy == Some(false) {
+                        return Err(PyValueError::new_err(format!(
+                            "exporting to {wanted} needs a copy from {own}, and copy=False forbids it"
+                        )));
+                    }
+                    (wanted, true)
                 } else if copy == Some(false) {
                     return Err(PyBufferError::new_err(format!(
                         "exporting to {wanted} would need a copy from {own}, and copy=False forbids it"
@@ -102,7 +131,7 @@ impl Tensor {
                 }
             }
         };
-        check_stream(stream, device)?;
+        let stream = parse_stream(stream, device)?;
         if legacy && !self.writability.allows_legacy_export() && copy != Some(true) {
             return Err(PyBufferError::new_err(
                 "cannot export a read-only tensor as a legacy DLPack capsule, which cannot signal read-only; \
@@ -112,27 +141,42 @@ impl Tensor {
         if legacy && self.view().is_subbyte_padded() {
             return Err(PyBufferError::new_err("a padded sub-byte tensor needs a versioned capsule to say so"));
         }
-        Ok(ExportRequest { legacy, device, copy })
+        Ok(ExportRequest { legacy, device, copy, stream, order: true, moved })
     }
 
     /// An owning versioned export sharing this tensor's memory, as
     /// `__dlpack__(max_version=(1, 3))` gives; for the exchange API.
     pub(crate) fn export_versioned(slf: &Bound<'_, Self>) -> PyResult<OwnedTensor> {
-        let request = ExportRequest { legacy: false, device: slf.get().view().device(), copy: None };
+        let request = ExportRequest::unsynchronised(slf.get().view().device(), false);
         Self::export::<DLManagedTensorVersioned>(slf, &request)
     }
 
     /// An owning legacy export sharing this tensor's memory.
     pub(crate) fn export_legacy(slf: &Bound<'_, Self>) -> PyResult<dlbridge::OwnedLegacyTensor> {
-        let request = ExportRequest { legacy: true, device: slf.get().view().device(), copy: None };
+        let request = ExportRequest::unsynchronised(slf.get().view().device(), true);
         Self::export::<DLManagedTensor>(slf, &request)
     }
 
     /// A managed tensor of ABI `M` sharing this tensor's memory, or a fresh copy.
+    /// For device memory, the consumer's stream is first made to wait for the
+    /// data's (an event, no host sync), unless the request says not to.
     fn export<M: ManagedAbi>(slf: &Bound<'_, Self>, request: &ExportRequest) -> PyResult<Owned<M>> {
         let this = slf.get();
         let view = this.view();
+        let own = view.device();
+        if request.moved {
+            // A complete host copy: the data's stream is waited for.
+            let pinned = request.device.device_type == DeviceType::CUDA_HOST;
+            return dlbridge::cuda::to_host::<M>(view, this.ready_stream, pinned).py();
+        }
+        if request.order && own.device_type.has_streams() {
+            let plan = dlbridge::streams::plan(own.device_type, this.ready_stream, request.stream).py()?;
+            dlbridge::cuda::carry_out(own, plan).py()?;
+        }
         if request.copy == Some(true) {
+            if own.device_type.has_streams() {
+                return dlbridge::cuda::copy_on_device::<M>(view, this.ready_stream).py();
+            }
             return to_contiguous::<M>(view).py();
         }
         let mut flags = this.writability.flags();

@@ -42,6 +42,9 @@ pub struct Tensor {
     /// The shared-memory segment the data lives in, if any: kept alive with
     /// the tensor, and asked to pickle it as a handle.
     origin: Option<Py<PyAny>>,
+    /// For device memory, the stream its data is ready on (the one its producer
+    /// was asked to order its work before); `None`: no pending work.
+    ready_stream: Option<i64>,
 }
 
 impl Tensor {
@@ -50,7 +53,7 @@ impl Tensor {
     pub fn new(owned: impl Into<AnyOwned>) -> Self {
         let owned = owned.into();
         let writability = Writability::of(&owned);
-        Tensor { owned, writability, origin: None }
+        Tensor { owned, writability, origin: None, ready_stream: None }
     }
 
     /// Wraps an owned tensor with at most the writability `requested`: a
@@ -60,7 +63,7 @@ impl Tensor {
             Writability::Writable => requested,
             own => own,
         };
-        Tensor { owned, writability, origin: None }
+        Tensor { owned, writability, origin: None, ready_stream: None }
     }
 
     /// A writable row-major tensor over a `Vec`, without copying.
@@ -84,6 +87,17 @@ impl Tensor {
         !self.writability.is_writable()
     }
 
+    /// The same tensor, with its data ready on `stream` (device memory only).
+    pub fn with_ready_stream(mut self, stream: Option<i64>) -> Self {
+        self.ready_stream = stream.filter(|_| self.view().device().device_type.has_streams());
+        self
+    }
+
+    /// The stream the data is ready on, for device memory with pending work.
+    pub fn ready_stream(&self) -> Option<i64> {
+        self.ready_stream
+    }
+
     /// What the producer said about writes.
     pub fn writability(&self) -> Writability {
         self.writability
@@ -97,6 +111,7 @@ impl Tensor {
     /// A new owned tensor sharing this one's memory, for `from_dlpack(tensor)`:
     /// legacy when the writability is unknown, so that it stays unknown.
     pub(crate) fn share(slf: &Bound<'_, Self>) -> PyResult<AnyOwned> {
+        // (The data stays ready on this tensor's stream; see `from_dlpack`.)
         match slf.get().writability {
             Writability::Unknown => Tensor::export_legacy(slf).map(AnyOwned::Legacy),
             _ => Tensor::export_versioned(slf).map(AnyOwned::Versioned),
@@ -218,8 +233,8 @@ impl Tensor {
             return Err(PyAttributeError::new_err(format!("__cuda_array_interface__ is only offered for CUDA memory; tensor is on {device}")));
         }
         let dict = buffer::interface_dict(py, self)?;
-        // No work of ours is pending on any stream.
-        dict.set_item("stream", py.None())?;
+        // The stream the data is ready on; None when no work is pending.
+        dict.set_item("stream", self.ready_stream)?;
         Ok(dict)
     }
 

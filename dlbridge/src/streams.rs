@@ -1,0 +1,71 @@
+//! The spec's stream hand-off as a pure decision: given the stream a tensor's
+//! data is ready on and the stream a consumer names, what must happen. No CUDA
+//! is needed to decide; [`crate::cuda`] carries the decision out.
+
+use crate::device::DeviceType;
+use crate::error::Error;
+
+/// What a producer does before handing a tensor to a consumer's stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncPlan {
+    /// Nothing: the consumer asked for no synchronisation (-1), the data has no
+    /// pending work, or it is ready on the consumer's own stream.
+    Nothing,
+    /// Record an event on `ready` and make `consumer` wait on it, without
+    /// blocking the host (`cuEventRecord` + `cuStreamWaitEvent`).
+    Wait {
+        /// The stream the data is ready on.
+        ready: i64,
+        /// The consumer's stream.
+        consumer: i64,
+    },
+}
+
+/// Decides the hand-off of data ready on `ready` (`None`: no pending work) to a
+/// consumer that passed `consumer` (`None`: the legacy default stream, as the
+/// spec says a producer must assume). Stream values are checked for the device
+/// type; ROCm values are checked but never waited on (dlbridge makes no HIP calls).
+pub fn plan(device: DeviceType, ready: Option<i64>, consumer: Option<i64>) -> Result<SyncPlan, Error> {
+    let Some(default) = device.default_stream() else {
+        return match consumer {
+            None => Ok(SyncPlan::Nothing),
+            Some(stream) => Err(Error::InvalidStream { device, stream }),
+        };
+    };
+    let consumer = consumer.unwrap_or(default);
+    if !device.accepts_stream(consumer) {
+        return Err(Error::InvalidStream { device, stream: consumer });
+    }
+    Ok(match ready {
+        _ if consumer == -1 || device == DeviceType::ROCM => SyncPlan::Nothing,
+        None => SyncPlan::Nothing,
+        Some(ready) if ready == consumer => SyncPlan::Nothing,
+        Some(ready) => SyncPlan::Wait { ready, consumer },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_hand_off() {
+        let cuda = DeviceType::CUDA;
+        assert_eq!(plan(cuda, Some(7), Some(9)), Ok(SyncPlan::Wait { ready: 7, consumer: 9 }));
+        assert_eq!(plan(cuda, Some(7), None), Ok(SyncPlan::Wait { ready: 7, consumer: 1 }), "None is the legacy default");
+        assert_eq!(plan(cuda, Some(7), Some(7)), Ok(SyncPlan::Nothing));
+        assert_eq!(plan(cuda, Some(7), Some(-1)), Ok(SyncPlan::Nothing), "-1 asks for no synchronisation");
+        assert_eq!(plan(cuda, None, Some(9)), Ok(SyncPlan::Nothing), "no pending work");
+        assert_eq!(plan(cuda, Some(1), Some(2)), Ok(SyncPlan::Wait { ready: 1, consumer: 2 }));
+        assert_eq!(plan(cuda, Some(1), Some(0)), Err(Error::InvalidStream { device: cuda, stream: 0 }));
+        assert_eq!(plan(DeviceType::CUDA_MANAGED, Some(3), Some(4)), Ok(SyncPlan::Wait { ready: 3, consumer: 4 }));
+    }
+
+    #[test]
+    fn rocm_and_cpu() {
+        assert_eq!(plan(DeviceType::ROCM, Some(5), Some(0)), Ok(SyncPlan::Nothing));
+        assert!(plan(DeviceType::ROCM, Some(5), Some(1)).is_err());
+        assert_eq!(plan(DeviceType::CPU, None, None), Ok(SyncPlan::Nothing));
+        assert!(plan(DeviceType::CPU, None, Some(1)).is_err());
+    }
+}
