@@ -154,8 +154,9 @@ pub fn to_contiguous<M: ManagedAbi>(view: &TensorView<'_>) -> Result<Owned<M>, E
     let dst = buffer.ptr.as_ptr();
     if let Some(src) = view.as_bytes() {
         // SAFETY: a contiguous view's bytes are exactly `nbytes` long; the buffer
-        // is a fresh allocation of that size.
-        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), dst, nbytes) };
+        // is a fresh allocation of that size. A contiguous copy is a strided
+        // copy of one row of bytes, so large ones are split across threads too.
+        unsafe { parallel_strided_copy(src.as_ptr(), dst, &[nbytes], &[1], 1) };
     } else {
         // Padded sub-byte elements take one whole byte each.
         let element_bytes = if padded { view.dtype().element_bits().div_ceil(8) as usize } else { 0 };
@@ -167,7 +168,7 @@ pub fn to_contiguous<M: ManagedAbi>(view: &TensorView<'_>) -> Result<Owned<M>, E
         // SAFETY: the view was validated: every byte its layout reaches from
         // `as_ptr` is readable, and the buffer holds `nbytes` = numel * itemsize.
         unsafe {
-            strided_copy(view.as_ptr().cast(), dst, &shape, &strides, itemsize);
+            parallel_strided_copy(view.as_ptr().cast(), dst, &shape, &strides, itemsize);
         }
     }
     let mut tensor: Owned<M> = buffer.into_tensor_padded(view.dtype(), view.shape(), padded)?;
@@ -200,6 +201,67 @@ fn simplify(shape: &[usize], strides: &[isize]) -> (Vec<usize>, Vec<isize>) {
 
 /// Copies the elements of a strided source, in row-major index order, to `dst`.
 ///
+/// Copies of at least this many bytes are split across threads: below it, the
+/// threads cost more than the copy (and fresh pages are faulted in by one core).
+const PARALLEL_THRESHOLD: usize = 8 << 20;
+
+/// [`strided_copy`], split along the first axis across up to 8 scoped threads
+/// when the copy is large (each thread writes its own rows; first-touch page
+/// faults of the fresh destination are spread too).
+///
+/// # Safety
+/// As [`strided_copy`].
+unsafe fn parallel_strided_copy(src: *const u8, dst: *mut u8, shape: &[usize], strides: &[isize], itemsize: usize) {
+    let (shape, strides) = simplify(shape, strides);
+    let total = shape.iter().product::<usize>() * itemsize;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    if total < PARALLEL_THRESHOLD || threads < 2 || shape.is_empty() || cfg!(miri) {
+        // SAFETY: forwarded from the caller.
+        return unsafe { strided_copy(src, dst, &shape, &strides, itemsize) };
+    }
+    // Split the outermost axis (or, for one contiguous run, the bytes themselves).
+    let (outer, outer_stride, inner_shape, inner_strides) = (shape[0], strides[0], &shape[1..], &strides[1..]);
+    let row_bytes = inner_shape.iter().product::<usize>() * itemsize;
+    let chunk = outer.div_ceil(threads);
+    // Raw pointers are not Send: each thread gets the two base pointers in a
+    // wrapper that is (they keep their provenance).
+    #[derive(Clone, Copy)]
+    struct Bases(*const u8, *mut u8);
+    // SAFETY: the threads touch disjoint parts of `dst` and only read `src`,
+    // and the scope ends before the caller's buffers can go away.
+    unsafe impl Send for Bases {}
+    impl Bases {
+        // Taking the whole value makes a closure capture all of it (Send),
+        // not its two pointer fields (which are not).
+        fn get(self) -> (*const u8, *mut u8) {
+            (self.0, self.1)
+        }
+    }
+    let bases = Bases(src, dst);
+    std::thread::scope(|scope| {
+        for first in (0..outer).step_by(chunk.max(1)) {
+            let rows = chunk.min(outer - first);
+            scope.spawn(move || {
+                let (src, dst) = bases.get();
+                let mut part_shape = Vec::with_capacity(inner_shape.len() + 1);
+                part_shape.push(rows);
+                part_shape.extend_from_slice(inner_shape);
+                let mut part_strides = Vec::with_capacity(inner_strides.len() + 1);
+                part_strides.push(outer_stride);
+                part_strides.extend_from_slice(inner_strides);
+                // SAFETY: rows `first..first + rows` of the caller's layout, read
+                // from their strided offset and written to their own dense,
+                // disjoint part of `dst`; the caller's guarantees cover both.
+                unsafe {
+                    let part_src = src.wrapping_offset(first as isize * outer_stride);
+                    let part_dst = dst.wrapping_add(first * row_bytes);
+                    strided_copy(part_src, part_dst, &part_shape, &part_strides, itemsize);
+                }
+            });
+        }
+    });
+}
+
 /// # Safety
 /// Every element the layout reaches from `src` must be readable, `dst` must be
 /// writable for `prod(shape) * itemsize` bytes, and the two must not overlap.
@@ -367,6 +429,22 @@ mod tests {
         let fp4 = DataType::new(crate::DataTypeCode::FLOAT4_E2M1FN, 4, 1);
         let z: OwnedTensor = zeros(fp4, &[3]).unwrap();
         assert_eq!(z.view().nbytes(), 2);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "a 9 MiB copy; the threaded path is not taken under Miri anyway")]
+    fn large_copies_split_across_threads_are_exact() {
+        let n: i32 = (9 << 20) / 4 + 3;
+        let data: Vec<i32> = (0..n).collect();
+        let t = OwnedTensor::from_vec(data.clone(), &[i64::from(n)]).unwrap();
+        let c: OwnedTensor = to_contiguous(t.view()).unwrap();
+        assert_eq!(c.view().as_slice::<i32>().unwrap(), &data[..]);
+        // Transposed, so the strided path splits rows.
+        let (rows, cols) = (1031i64, 2311i64);
+        let t = OwnedTensor::from_owner_mut((0..(rows * cols) as i32).collect::<Vec<_>>(), &[cols, rows], Some(&[1, cols])).unwrap();
+        let c: OwnedTensor = to_contiguous(t.view()).unwrap();
+        let got = c.view().as_slice::<i32>().unwrap();
+        assert!((0..cols).all(|j| (0..rows).all(|i| got[(j * rows + i) as usize] == (i * cols + j) as i32)));
     }
 
     #[test]
