@@ -1,10 +1,11 @@
-"""python -m dlbridge [COMMAND] [options]; COMMAND is `report` (the default): see dlbridge._report."""
+"""python -m dlbridge [COMMAND] [options]. COMMAND is `report` (the default), the interop report (see
+dlbridge._report), or `check TARGET`, the DLPack conformance checker (see dlbridge._check)."""
 
 import importlib
 import sys
 
 # Each command is a module with main(argv) -> exit status, imported only when it runs.
-COMMANDS = {"report": "dlbridge._report"}
+COMMANDS = {"report": "dlbridge._report", "check": "dlbridge._check"}
 
 
 def main(argv=None):

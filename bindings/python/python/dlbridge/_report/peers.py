@@ -1,6 +1,9 @@
-"""One small adapter per peer library: how it makes a case's object, takes in a dlbridge tensor, and
+"""One small adapter per library: how it makes a case's object, takes in a dlbridge tensor, and
 shows its values, data pointer and writability. Modules are imported inside the methods, so a
-missing library costs nothing until its column runs (and it runs only if libs.probe found it)."""
+missing library costs nothing until its column runs (and it runs only if libs.probe found it).
+
+The report's columns are PEERS; the conformance checker (dlbridge._check) uses the same adapters,
+plus dlbridge itself and consumer-only libraries (CHECKABLE), to make arrays and to consume them."""
 
 import dlbridge
 
@@ -10,6 +13,7 @@ from .libs import Unavailable, found
 
 class Peer:
     name = ""
+    producer = True  # makes arrays of its own
     consumer = True  # has a from_dlpack to put in a column
     in_subprocess = False  # can abort the process on a bad case: probed one case per child
     copies_unaligned = False  # copies sources not 64-byte aligned instead of sharing them
@@ -33,6 +37,11 @@ class Peer:
     def writable(self, obj):
         """True, False, or None when the library does not say."""
         return None
+
+    def special_arrays(self):
+        """[(label, object)]: arrays peculiar to the library that its exports must treat alike on
+        every path (the checker compares its C exchange API with __dlpack__ on them)."""
+        return []
 
 
 def _numpy_list(a):
@@ -87,6 +96,15 @@ class Torch(Peer):
 
     def writable(self, obj):
         return True  # torch has no read-only tensors
+
+    def special_arrays(self):
+        import torch
+
+        z = torch.tensor([1 + 2j, 3 - 1j])
+        # __dlpack__ refuses all three: DLPack has no conjugate or negative bit, nor autograd
+        return [("torch.tensor([1+2j, 3-1j]).conj()", z.conj()),
+                ("torch.tensor([1+2j, 3-1j]).conj().imag (negative bit)", z.conj().imag),
+                ("torch.ones(3, requires_grad=True)", torch.ones(3, requires_grad=True))]
 
 
 class Jax(Peer):
@@ -208,4 +226,45 @@ class PyArrow(Peer):
         return False
 
 
+class Dlbridge(Peer):
+    # Not a report column (every report path goes through dlbridge), but checked like any library.
+    name = "dlbridge"
+
+    def make(self, case):
+        return dlbridge.from_dlpack(source(case, dlpack=True))
+
+    def consume(self, t):
+        return dlbridge.from_dlpack(t)
+
+    def to_list(self, obj):
+        return obj.tolist()
+
+    def data_ptr(self, obj):
+        return obj.data_ptr
+
+    def writable(self, obj):
+        return not obj.readonly
+
+
+class Mpi4py(Peer):
+    # A consumer only: MPI buffers take DLPack producers (after the buffer protocol).
+    name = "mpi4py"
+    producer = False
+
+    def make(self, case):
+        raise Unavailable("mpi4py makes no arrays")
+
+    def consume(self, t):
+        from mpi4py import MPI
+
+        return MPI.buffer(t)
+
+    def data_ptr(self, obj):
+        return obj.address
+
+    def writable(self, obj):
+        return not obj.readonly
+
+
 PEERS = {peer.name: peer for peer in (NumPy(), Torch(), Jax(), TvmFfi(), TensorFlow(), CuPy(), PyArrow())}
+CHECKABLE = {**PEERS, "dlbridge": Dlbridge(), "mpi4py": Mpi4py()}

@@ -2,11 +2,11 @@
 for libraries that can take the process down."""
 
 import json
-import subprocess
 import sys
 
 import dlbridge
 
+from .._check import isolate
 from .cases import ALIGN, CASES, expected
 from .libs import Unavailable, first_line, found
 from .peers import PEERS
@@ -81,26 +81,11 @@ def table():
 
 def column_in_subprocess(producer, consumer):
     """Runs one column in child processes; a child that dies marks its case and the rest go on."""
-    results: dict[str, str] = {}
-    pending = [name for name, _ in CASES]
-    while pending:
-        command = [sys.executable, "-m", "dlbridge", "report", "--cells", producer, consumer, *pending]
-        try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
-        except subprocess.TimeoutExpired:
-            results.update((name, "process timed out") for name in pending)
-            break
-        for line in proc.stdout.splitlines():
-            if line.startswith("{"):
-                item = json.loads(line)
-                results[item["case"]] = item["cell"]
-        pending = [name for name in pending if name not in results]
-        if proc.returncode == 0:
-            break
-        if pending:
-            results[pending.pop(0)] = f"process crashed (exit {proc.returncode})"
-    results.update((name, "no result from the child process") for name in pending if name not in results)
-    return results
+    def argv(pending):
+        return [sys.executable, "-m", "dlbridge", "report", "--cells", producer, consumer, *pending]
+
+    records = isolate.run_children(argv, [name for name, _ in CASES])
+    return {name: record.get("cell") or record["crashed"] for name, record in records.items()}
 
 
 def print_cells(producer, consumer, names):
@@ -108,4 +93,4 @@ def print_cells(producer, consumer, names):
     wanted = dict(CASES)
     for name in names:
         verdict = cell(PEERS[producer], PEERS[consumer], wanted[name])
-        print(json.dumps({"case": name, "cell": verdict}), flush=True)
+        print(json.dumps({"name": name, "cell": verdict}), flush=True)

@@ -1,0 +1,224 @@
+"""DLPack conformance rules for another library's own tests: the rules of `python -m dlbridge check`, as
+functions and as a pytest plugin. Each failure names the rule, what happened, and the specification
+sentence it breaks.
+
+As functions:
+
+    from dlbridge.testing import check_producer, check_consumer
+    check_producer(mylib.zeros).assert_ok()       # make(shape) -> a C-contiguous array of that shape
+    check_consumer(mylib.from_dlpack).assert_ok()  # from_dlpack(x) -> an array
+
+A producer callable may also take `readonly=True` (then the read-only rules run) and may raise
+NotImplementedError for what it cannot make. Rules run in child processes when the callables are
+importable by name (a crash is then a failed rule, not a dead test run), else in this process.
+
+In pytest, one line in a test module gives one test per rule:
+
+    test_dlpack = dlbridge.testing.conformance_tests(producer=mylib.zeros, consumer=mylib.from_dlpack)
+
+or `@pytest.mark.parametrize("case", conformance_cases(...))` with `case.check()` in the test; or no code:
+
+    pytest -p dlbridge.testing --dlpack-producer mylib:zeros --dlpack-consumer mylib:from_dlpack
+"""
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence
+
+from ._check import runner
+from ._check.rules import RULES, Result, Rule, select
+from ._check.targets import from_callables
+
+__all__ = ["ConformanceReport", "Case", "check_producer", "check_consumer", "check", "conformance_cases",
+           "conformance_tests", "rules", "Result", "Rule"]
+
+
+def rules(role: Optional[str] = None) -> List[Rule]:
+    """The rules for a "producer" or a "consumer" (exchange API rules count as producer rules), or all."""
+    return select(role)
+
+
+def explain(result: Result) -> str:
+    r = RULES[result.rule]
+    return f"{r.id}: {r.title}\n    what happened: {result.detail}\n    {r.citation()}"
+
+
+@dataclass
+class ConformanceReport:
+    target: str
+    results: List[Result]
+
+    @property
+    def failures(self):
+        return [r for r in self.results if r.status == "fail"]
+
+    @property
+    def ok(self):
+        return not self.failures
+
+    def __str__(self):
+        from ._check import render
+
+        return "\n".join(render.plain([(self.target, self.results)]))
+
+    def assert_ok(self):
+        if self.failures:
+            raise AssertionError(f"{self.target} breaks {len(self.failures)} DLPack rule(s):\n"
+                                 + "\n".join(explain(r) for r in self.failures))
+
+
+def _spec(fn) -> Optional[str]:
+    """'module:qualname' when `fn` can be imported back by that name, so a child process can run it."""
+    if isinstance(fn, str):
+        return fn
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or "<" in qualname:
+        return None
+    spec = f"{module}:{qualname}"
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return spec if obj is fn else None
+
+
+def _check(role, fn, skip, only, isolate, name, ignores_readonly):
+    chosen = select(role, only, skip)
+    spec = _spec(fn)
+    if isolate is None:
+        isolate = spec is not None
+    if isolate:
+        if spec is None:
+            raise ValueError(f"cannot run {fn!r} in a child process: it is not importable by name")
+        return ConformanceReport(name or spec, runner.run_isolated(spec, chosen, role, ignores_readonly))
+    if isinstance(fn, str):
+        from ._check.targets import resolve
+
+        target = resolve(fn, role, ignores_readonly)
+    else:
+        target = from_callables(**{"make" if role == "producer" else "from_dlpack": fn}, name=name,
+                                ignores_readonly=ignores_readonly)
+    return ConformanceReport(target.name, runner.run_in_process(target, chosen))
+
+
+def check_producer(make: Callable, *, skip: Sequence[str] = (), only: Sequence[str] = (), isolate=None,
+                   name=None) -> ConformanceReport:
+    """Runs the producer (and C exchange API) rules on arrays from make(shape[, readonly=True]).
+    `make` may also be a "module:function" string or a library name ("numpy")."""
+    return _check("producer", make, skip, only, isolate, name, False)
+
+
+def check_consumer(from_dlpack: Callable, *, ignores_readonly=False, skip: Sequence[str] = (),
+                   only: Sequence[str] = (), isolate=None, name=None) -> ConformanceReport:
+    """Runs the consumer rules on from_dlpack(x). `ignores_readonly` declares that results of READ_ONLY
+    imports are writable by design (the array API allows ignoring the flag)."""
+    return _check("consumer", from_dlpack, skip, only, isolate, name, ignores_readonly)
+
+
+def check(spec: str, **kwargs) -> List[ConformanceReport]:
+    """Both roles of a library named as on the command line ("numpy", "mylib", "pkg.mod:function")."""
+    from ._check.targets import resolve
+
+    target = resolve(spec)
+    reports = []
+    if target.producer:
+        reports.append(check_producer(spec, **kwargs))
+    if target.consumer:
+        reports.append(check_consumer(spec, **kwargs))
+    return reports
+
+
+class Case:
+    """One rule against one target, for pytest parametrization: check() fails with the rule's sentence,
+    and skips when the rule does not apply. Results of isolated runs are computed once, for all cases."""
+
+    def __init__(self, rule: Rule, run: Callable[[], Result]):
+        self.rule, self._run = rule, run
+
+    def __repr__(self):
+        return self.rule.id
+
+    def check(self):
+        result = self._run()
+        if result.status == "n/a":
+            import pytest
+
+            pytest.skip(f"not applicable: {result.detail}")
+        if result.status == "fail":
+            raise AssertionError(explain(result))
+
+
+def conformance_cases(producer=None, consumer=None, *, ignores_readonly=False, skip: Sequence[str] = (),
+                      isolate=None):
+    """pytest.param(Case) per rule for `producer` (a make(shape) callable) and/or `consumer` (a
+    from_dlpack), ids set to the rule ids."""
+    import pytest
+
+    cases = []
+    for role, fn in (("producer", producer), ("consumer", consumer)):
+        if fn is None:
+            continue
+        cache = {}
+
+        def run_all(role=role, fn=fn, cache=cache):
+            if not cache:
+                report = _check(role, fn, skip, (), isolate, None, ignores_readonly)
+                cache.update((r.rule, r) for r in report.results)
+            return cache
+
+        for r in select(role, (), skip):
+            cases.append(pytest.param(Case(r, lambda rid=r.id, run_all=run_all: run_all()[rid]), id=r.id))
+    return cases
+
+
+def conformance_tests(producer=None, consumer=None, **kwargs):
+    """A test function, parametrized over every rule: `test_dlpack = conformance_tests(...)`."""
+    import pytest
+
+    @pytest.mark.parametrize("case", conformance_cases(producer, consumer, **kwargs))
+    def test_dlpack_conformance(case):
+        case.check()
+
+    return test_dlpack_conformance
+
+
+# --- pytest plugin: `pytest -p dlbridge.testing --dlpack-producer mylib:zeros` --------------------
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("dlbridge", "DLPack conformance (dlbridge.testing)")
+    group.addoption("--dlpack-producer", metavar="SPEC", help="library or module:function making arrays from a shape")
+    group.addoption("--dlpack-consumer", metavar="SPEC", help="library or module:function, a from_dlpack")
+    group.addoption("--dlpack-skip", action="append", default=[], metavar="RULE", help="leave a rule out")
+    group.addoption("--dlpack-ignores-readonly", action="store_true", help="the consumer ignores READ_ONLY")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    producer, consumer = config.getoption("--dlpack-producer"), config.getoption("--dlpack-consumer")
+    if not (producer or consumer):
+        return
+    import pytest
+
+    class ConformanceItem(pytest.Item):
+        def __init__(self, *, case, **kw):
+            super().__init__(**kw)
+            self.case = case
+
+        def runtest(self):
+            self.case.check()
+
+        def repr_failure(self, excinfo):
+            return str(excinfo.value) if excinfo.errisinstance(AssertionError) else super().repr_failure(excinfo)
+
+        def reportinfo(self):
+            return "dlbridge.testing", None, self.name
+
+    params = conformance_cases(producer, consumer, ignores_readonly=config.getoption("--dlpack-ignores-readonly"),
+                               skip=config.getoption("--dlpack-skip"))
+    for p in params:
+        (case,) = p.values
+        role = "consumer" if case.rule.applies_to == "consumer" else "producer"
+        spec = consumer if role == "consumer" else producer
+        items.append(ConformanceItem.from_parent(session, name=f"dlpack[{spec}][{case.rule.id}]", case=case))

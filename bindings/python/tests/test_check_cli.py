@@ -1,0 +1,137 @@
+"""`python -m dlbridge check`: rows, citations, JSON, Markdown, exit statuses and speed; the pytest
+plugin and conformance_tests(); the interop report still the default command, sharing the child runner."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dlbridge._check import isolate
+
+HERE = Path(__file__).parent
+
+
+def env():
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+
+
+def check(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "dlbridge", "check", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env())
+
+
+def test_plain_rows_say_status_what_happened_and_the_sentence():
+    proc = check("test_check_fakes:FakeArray", "--only", "producer.copy-true,producer.zero-size-null-data")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "  PASS  producer.copy-true: copy=True gives fresh memory" in proc.stdout
+    assert '"copy - If True, the function must always copy' in proc.stdout
+    assert "2 pass, 0 fail, 0 not applicable" in proc.stdout
+
+
+def test_a_failure_sets_the_exit_status_and_json_carries_everything():
+    proc = check("--json", "test_check:CopyWithoutFlag", "--only", "producer.copy-true",
+                 "--only", "producer.readonly-flag")
+    assert proc.returncode == 1
+    (target,) = json.loads(proc.stdout)["targets"]
+    assert target["summary"] == {"pass": 1, "fail": 1, "n/a": 0}
+    failed = next(r for r in target["results"] if r["status"] == "fail")
+    assert failed["rule"] == "producer.copy-true" and "IS_COPIED unset" in failed["detail"]
+    assert "array.__dlpack__" in failed["source"] and "IS_COPIED flag must be set" in failed["quote"]
+
+
+def test_unknown_target_and_rule_are_usage_errors():
+    assert check("no_such_module_anywhere").returncode == 2
+    assert check("numpy", "--only", "producer.no-such-rule").returncode == 2
+
+
+def test_callable_role_is_guessed_from_its_name():
+    proc = check("--json", "test_check_fakes:mini_from_dlpack", "--only", "consumer.renames,producer.keywords")
+    (target,) = json.loads(proc.stdout)["targets"]
+    assert [r["rule"] for r in target["results"]] == ["consumer.renames"]
+    assert proc.returncode == 0
+
+
+def test_numpy_is_checked_in_seconds():
+    pytest.importorskip("numpy")
+    start = time.monotonic()
+    proc = check("--json", "numpy")
+    elapsed = time.monotonic() - start
+    assert proc.returncode in (0, 1), proc.stderr
+    (target,) = json.loads(proc.stdout)["targets"]
+    statuses = {r["rule"]: r["status"] for r in target["results"]}
+    assert statuses["producer.keywords"] == statuses["consumer.renames"] == "pass"
+    assert statuses["exchange.capsule"] == "n/a"
+    assert elapsed < 15, f"took {elapsed:.1f} s"
+
+
+def test_markdown_has_a_column_per_target_and_every_rule_with_its_source():
+    proc = check("--markdown", "test_check_fakes:FakeArray", "test_check_fakes:mini_from_dlpack")
+    lines = proc.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("| rule |"))
+    assert "test_check_fakes:FakeArray" in header and "test_check_fakes:mini_from_dlpack" in header
+    assert "| `consumer.deleter` |" in proc.stdout and "## Rules and their sources" in proc.stdout
+    assert "- **test_check_fakes:FakeArray** `producer.destructor-keeps-exception`: process crashed" in proc.stdout
+
+
+def test_list_shows_every_rule_with_its_citation():
+    proc = check("--list")
+    assert proc.returncode == 0
+    assert "consumer.major-2: " in proc.stdout and "the consumer must call the deleter" in proc.stdout
+
+
+def test_the_report_stays_the_default_command():
+    from dlbridge import __main__ as entry
+
+    assert entry.COMMANDS["report"] == "dlbridge._report" and entry.COMMANDS["check"] == "dlbridge._check"
+    proc = subprocess.run([sys.executable, "-m", "dlbridge", "--help"], capture_output=True, text=True, timeout=60)
+    assert "python -m dlbridge [report]" in proc.stdout
+
+
+def test_children_share_one_runner_with_the_report():
+    from dlbridge._report import run
+
+    assert run.isolate is isolate
+    assert isolate.crash_message(-6, "boom\nabort\n") == "process crashed (exit -6, SIGABRT): abort"
+    code = ("import json, sys\nfor n in sys.argv[1:]:\n    if n == 'b': sys.exit(3)\n"
+            "    print(json.dumps({'name': n}), flush=True)")
+    records = isolate.run_children(lambda pending: [sys.executable, "-c", code, *pending], ["a", "b", "c"])
+    # the child died on 'b' (the first name without a line); 'c' went to a fresh child
+    assert records == {"a": {"name": "a"}, "b": {"name": "b", "crashed": "process crashed (exit 3)"},
+                       "c": {"name": "c"}}
+    # a child that cannot start fails every probe at once, instead of being started once per probe
+    starts = []
+    records = isolate.run_children(lambda pending: starts.append(1) or [sys.executable, "-c", "raise SystemExit(4)"],
+                                   ["a", "b"], ready_line=True)
+    assert len(starts) == 1 and records["b"]["crashed"] == "before the first probe: process crashed (exit 4)"
+
+
+PLUGIN_TEST = """
+from dlbridge.testing import conformance_tests
+from test_check_fakes import FakeArray, mini_from_dlpack
+
+test_dlpack = conformance_tests(producer=FakeArray, consumer=mini_from_dlpack,
+                                skip=["producer.destructor-keeps-exception"])
+"""
+
+
+def test_conformance_tests_is_one_line_in_another_librarys_suite(tmp_path):
+    (tmp_path / "test_mylib.py").write_text(textwrap.dedent(PLUGIN_TEST))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "passed" in proc.stdout and "skipped" in proc.stdout  # the exchange rules: FakeArray has no table
+
+
+def test_pytest_plugin_needs_no_test_file(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "dlbridge.testing",
+                           "--dlpack-producer", "test_check_fakes:FakeArray", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env(), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "FAILED ::dlpack[test_check_fakes:FakeArray][producer.destructor-keeps-exception]" in proc.stdout
+    assert "process crashed" in proc.stdout and "PyErr_Fetch" in proc.stdout  # what happened, and the sentence
+    assert "20 passed, 6 skipped" in proc.stdout
