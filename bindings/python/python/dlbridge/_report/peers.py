@@ -63,6 +63,10 @@ class NumPy(Peer):
     def consume(self, t):
         import numpy as np
 
+        # A dlbridge tensor becomes NumPy through its bridge, which gives ml_dtypes arrays for the
+        # dtypes NumPy's own from_dlpack refuses (bfloat16, float8); the same array otherwise.
+        if isinstance(t, dlbridge.Tensor):
+            return t.numpy()
         return np.from_dlpack(t)
 
     def to_list(self, obj):
