@@ -76,6 +76,8 @@ impl From<OwnedLegacyTensor> for AnyOwned {
 /// Destructor of the capsules we produce: deletes the tensor unless a consumer
 /// renamed the capsule (took ownership). Any exception already in flight is
 /// saved and restored around the deleter.
+// PyErr_Fetch/Restore still work on 3.12+, where they are deprecated for GetRaisedException.
+#[allow(deprecated)]
 unsafe extern "C" fn destructor<M: ManagedAbi>(capsule: *mut ffi::PyObject) {
     // SAFETY: CPython calls capsule destructors with the GIL held and a live
     // capsule. `PyCapsule_IsValid` never raises; GetPointer may, which is why

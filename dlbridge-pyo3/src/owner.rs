@@ -87,3 +87,43 @@ impl Drop for BufferOwner {
         with_gil_unless_finalized(|| unsafe { ffi::PyBuffer_Release(&mut *self.0) });
     }
 }
+
+/// A value whose drop keeps a Python exception in flight intact: a foreign
+/// deleter may run Python code (a ctypes or pybind11 callback), and a tensor
+/// object can be freed while an exception propagates; that code would then see
+/// the exception set and turn it into a SystemError.
+pub(crate) struct ExceptionSafe<T>(core::mem::ManuallyDrop<T>);
+
+impl<T> ExceptionSafe<T> {
+    pub(crate) fn new(value: T) -> Self {
+        ExceptionSafe(core::mem::ManuallyDrop::new(value))
+    }
+}
+
+impl<T> core::ops::Deref for ExceptionSafe<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> Drop for ExceptionSafe<T> {
+    fn drop(&mut self) {
+        // SAFETY: `Py_IsInitialized` and `PyGILState_Check` may be called at any
+        // time; the error is fetched and restored only with the GIL held. The
+        // value is dropped exactly once, here. (PyErr_Fetch/Restore still work
+        // on 3.12+, where they are deprecated for GetRaisedException.)
+        #[allow(deprecated)]
+        unsafe {
+            let saving = ffi::Py_IsInitialized() != 0 && ffi::PyGILState_Check() == 1 && !ffi::PyErr_Occurred().is_null();
+            let (mut kind, mut value, mut traceback) = (core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut());
+            if saving {
+                ffi::PyErr_Fetch(&mut kind, &mut value, &mut traceback);
+            }
+            core::mem::ManuallyDrop::drop(&mut self.0);
+            if saving {
+                ffi::PyErr_Restore(kind, value, traceback);
+            }
+        }
+    }
+}

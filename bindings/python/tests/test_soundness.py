@@ -363,3 +363,10 @@ def test_far_future_max_version_gets_the_newest_capsule():
     assert read_capsule(capsule).version.major == 1
     with pytest.raises(TypeError):
         t.__dlpack__(max_version=(True, 0))
+
+
+def test_a_tensor_freed_while_an_exception_propagates_keeps_it():
+    # The temporary Tensor is freed after __dlpack__ raised; its producer's deleter is a ctypes
+    # callback, which would turn the ValueError into a SystemError if it ran with it set.
+    with pytest.raises(ValueError, match="stream"):
+        dlbridge.from_dlpack(FakeProducer().capsule()).__dlpack__(stream=5)

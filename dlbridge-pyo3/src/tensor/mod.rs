@@ -32,12 +32,14 @@ pub(crate) use pickle::_rebuild_tensor;
 use crate::capsule::AnyOwned;
 use crate::convert::device_tuple;
 use crate::errors::IntoPyResult;
+use crate::owner::ExceptionSafe;
 use crate::writability::Writability;
 
 /// An n-dimensional tensor exchanged through DLPack.
 #[pyclass(frozen, freelist = 64, module = "dlbridge", name = "Tensor")]
 pub struct Tensor {
-    owned: AnyOwned,
+    /// Dropped with any exception in flight kept intact (a deleter may run Python code).
+    owned: ExceptionSafe<AnyOwned>,
     writability: Writability,
     /// The shared-memory segment the data lives in, if any: kept alive with
     /// the tensor, and asked to pickle it as a handle.
@@ -53,7 +55,7 @@ impl Tensor {
     pub fn new(owned: impl Into<AnyOwned>) -> Self {
         let owned = owned.into();
         let writability = Writability::of(&owned);
-        Tensor { owned, writability, origin: None, ready_stream: None }
+        Tensor { owned: ExceptionSafe::new(owned), writability, origin: None, ready_stream: None }
     }
 
     /// Wraps an owned tensor with at most the writability `requested`: a
@@ -63,7 +65,7 @@ impl Tensor {
             Writability::Writable => requested,
             own => own,
         };
-        Tensor { owned, writability, origin: None, ready_stream: None }
+        Tensor { owned: ExceptionSafe::new(owned), writability, origin: None, ready_stream: None }
     }
 
     /// A writable row-major tensor over a `Vec`, without copying.

@@ -54,7 +54,7 @@ pub(super) fn bytes_view(slf: &Bound<'_, Tensor>) -> PyResult<Tensor> {
     // writable only if the tensor is (the flags say so otherwise).
     let owned: OwnedTensor =
         unsafe { export_raw(PyOwner::new(slf.as_any()), view.as_ptr().cast_mut(), layout, this.writability.flags()) }.py()?;
-    Ok(Tensor { owned: AnyOwned::Versioned(owned), writability: this.writability, origin: None, ready_stream: None })
+    Ok(Tensor::with_writability(AnyOwned::Versioned(owned), this.writability))
 }
 
 /// `Tensor.__reduce_ex__(protocol)`.

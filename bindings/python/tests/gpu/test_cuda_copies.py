@@ -1,0 +1,254 @@
+"""Every copy direction dlbridge offers for CUDA, with the values checked, over contiguous, strided,
+offset, negative-strided, 0-d and empty layouts:
+
+- device -> host: `from_dlpack(x, device="cpu")`, and `Tensor.__dlpack__(dl_device=(1, 0))`, which
+  hands out a host copy flagged IS_COPIED (copy=False then raises ValueError);
+- device -> device: `copy=True` gives fresh device memory;
+- host -> device: `from_dlpack(a, device=(2, 0))`, memory dlbridge owns and every peer takes as is;
+- host or device -> pinned host memory: `device=(3, 0)` (kDLCUDAHost), and pinned -> device."""
+
+import ctypes
+import gc
+
+from cuda_support import (
+    CPU, CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, CUDA, CUDA_HOST, memory_type, read_host_floats, require_cuda,
+    torch_cai,
+)
+
+torch = require_cuda()
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import dlbridge  # noqa: E402
+from dlpack_ctypes import IS_COPIED, capsule_name, read_capsule  # noqa: E402
+
+
+def base():
+    x = torch.arange(24, dtype=torch.float32, device="cuda").reshape(4, 6)
+    torch.cuda.synchronize()
+    return x
+
+
+def negative_strides():
+    """Rows and columns reversed, through a CUDA array interface (torch has no negative strides)."""
+    x = base()
+    t = dlbridge.asarray(torch_cai(x, data=x[3, 5].data_ptr(), strides=(-24, -4), stream=1))
+    assert t.strides == (-6, -1)
+    return t, x.flip(0, 1)
+
+
+LAYOUTS = {
+    "contiguous": lambda: (base(),) * 2,
+    "transposed": lambda: (base().T,) * 2,
+    "offset and step": lambda: (base()[1:, ::2],) * 2,
+    "negative strides": negative_strides,
+    "0-d": lambda: (base()[1, 2],) * 2,
+    "empty": lambda: (base()[:0],) * 2,
+}
+
+
+@pytest.fixture(params=list(LAYOUTS))
+def source(request):
+    """(a CUDA tensor to copy from, torch or dlbridge; the values it holds, as a NumPy array)."""
+    src, view = LAYOUTS[request.param]()
+    return src, view.cpu().numpy()
+
+
+def ptr(src):
+    return src.data_ptr() if isinstance(src, torch.Tensor) else src.data_ptr
+
+
+def c_strides(shape):
+    """C-contiguous strides in elements."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def host_values(t):
+    """The values of a host dlbridge tensor, read through NumPy's array interface."""
+    return np.asarray(t)
+
+
+def test_device_to_host(source):
+    src, expected = source
+    for device in ("cpu", (CPU, 0)):
+        h = dlbridge.from_dlpack(src, device=device)
+        assert h.device == (CPU, 0) and h.shape == expected.shape
+        np.testing.assert_array_equal(host_values(h), expected)
+        assert h.tolist() == expected.tolist()
+        if expected.size:
+            assert h.data_ptr != ptr(src) and memory_type(h.data_ptr) != CU_MEMORYTYPE_DEVICE
+    with pytest.raises(ValueError):
+        dlbridge.from_dlpack(src, device="cpu", copy=False)
+
+
+def test_export_to_host_is_a_flagged_copy(source):
+    src, expected = source
+    t = dlbridge.from_dlpack(src)
+    assert t.device[0] == CUDA
+    cap = t.__dlpack__(dl_device=(CPU, 0), max_version=(1, 3))
+    assert capsule_name(cap) == "dltensor_versioned"
+    managed = read_capsule(cap)
+    assert managed.flags & IS_COPIED
+    assert (managed.dl_tensor.device.device_type, managed.dl_tensor.device.device_id) == (CPU, 0)
+    h = dlbridge.from_dlpack(cap)
+    assert h.device == (CPU, 0) and h.is_copied and h.shape == expected.shape
+    assert h.tolist() == expected.tolist()
+    with pytest.raises(ValueError):
+        t.__dlpack__(dl_device=(CPU, 0), max_version=(1, 3), copy=False)
+    h = dlbridge.from_dlpack(t.__dlpack__(dl_device=(CPU, 0), max_version=(1, 3), copy=True))
+    assert h.is_copied and h.tolist() == expected.tolist()
+
+
+def test_host_consumers_ask_for_a_host_copy(source):
+    """NumPy's `from_dlpack(t, device="cpu")` asks for dl_device=(1, 0), a host copy from dlbridge;
+    torch's imports on the device and copies itself."""
+    src, expected = source
+    t = dlbridge.from_dlpack(src)
+    np.testing.assert_array_equal(np.from_dlpack(t, device="cpu"), expected)
+    if all(s >= 0 for s in t.strides):  # torch refuses negative strides
+        y = torch.from_dlpack(t, device="cpu")
+        assert y.device.type == "cpu"
+        np.testing.assert_array_equal(y.numpy(), expected)
+
+
+def test_device_to_device_copy(source):
+    src, expected = source
+    c = dlbridge.from_dlpack(src, copy=True)
+    assert c.device == (CUDA, 0) and c.shape == expected.shape
+    if expected.size:
+        assert c.data_ptr != ptr(src) and memory_type(c.data_ptr) == CU_MEMORYTYPE_DEVICE
+    assert dlbridge.from_dlpack(c, device="cpu").tolist() == expected.tolist()
+    # Fresh memory: a write to the source is not seen in the copy.
+    if isinstance(src, torch.Tensor) and expected.size:
+        src.fill_(-1)
+        torch.cuda.synchronize()
+        assert dlbridge.from_dlpack(c, device="cpu").tolist() == expected.tolist()
+
+
+def test_export_copy_on_the_device(source):
+    src, expected = source
+    t = dlbridge.from_dlpack(src)
+    cap = t.__dlpack__(copy=True, max_version=(1, 3))
+    managed = read_capsule(cap)
+    assert managed.flags & IS_COPIED and managed.dl_tensor.device.device_type == CUDA
+    u = dlbridge.from_dlpack(cap)
+    assert u.is_copied and u.device == t.device
+    if expected.size:
+        assert u.data_ptr != t.data_ptr
+    assert dlbridge.from_dlpack(u, device="cpu").tolist() == expected.tolist()
+
+
+def test_no_copy_when_already_there(source):
+    src, expected = source
+    for copy in (None, False):
+        t = dlbridge.from_dlpack(src, device=(CUDA, 0), copy=copy)
+        assert t.data_ptr == ptr(src) and not t.is_copied
+
+
+HOST_LAYOUTS = {
+    "contiguous": lambda a: a,
+    "transposed": lambda a: a.T,
+    "offset and step": lambda a: a[1:, ::2],
+    "negative strides": lambda a: a[::-1, ::-2],
+    "0-d": lambda a: a[1, 2],
+    "empty": lambda a: a[:0],
+}
+
+
+@pytest.fixture(params=list(HOST_LAYOUTS))
+def host_source(request):
+    return HOST_LAYOUTS[request.param](np.arange(24, dtype=np.float32).reshape(4, 6))
+
+
+def test_host_to_device(host_source):
+    a = host_source
+    t = dlbridge.from_dlpack(a, device=(CUDA, 0))
+    assert t.device == (CUDA, 0) and t.shape == a.shape and not t.readonly
+    if a.size:
+        assert memory_type(t.data_ptr) == CU_MEMORYTYPE_DEVICE
+    assert dlbridge.from_dlpack(t, device="cpu").tolist() == a.tolist()
+    if all(s >= 0 for s in t.strides):  # torch refuses negative strides
+        y = torch.from_dlpack(t)
+        assert y.device == torch.device("cuda", 0) and (y.data_ptr() == t.data_ptr or not a.size)
+        np.testing.assert_array_equal(y.cpu().numpy(), a)
+    with pytest.raises(ValueError):
+        dlbridge.from_dlpack(a, device=(CUDA, 0), copy=False)
+
+
+def test_host_export_to_the_device(host_source):
+    """The other way round: a host dlbridge tensor asked for dl_device=(2, 0)."""
+    a = host_source
+    t = dlbridge.from_dlpack(a)
+    cap = t.__dlpack__(dl_device=(CUDA, 0), max_version=(1, 3))
+    managed = read_capsule(cap)
+    assert managed.flags & IS_COPIED and managed.dl_tensor.device.device_type == CUDA
+    u = dlbridge.from_dlpack(cap)
+    assert u.device == (CUDA, 0) and u.is_copied
+    assert dlbridge.from_dlpack(u, device="cpu").tolist() == a.tolist()
+    if all(s >= 0 for s in u.strides):
+        np.testing.assert_array_equal(torch.from_dlpack(u).cpu().numpy(), a)
+
+
+def test_host_to_pinned(host_source):
+    a = host_source
+    p = dlbridge.from_dlpack(a, device=(CUDA_HOST, 0))
+    assert p.device == (CUDA_HOST, 0) and p.shape == a.shape
+    if a.size:
+        assert memory_type(p.data_ptr) == CU_MEMORYTYPE_HOST
+    contiguous = dlbridge.from_dlpack(p, device="cpu")
+    assert contiguous.device == (CPU, 0) and contiguous.tolist() == a.tolist()
+    # Pinned memory is host memory: the CPU reads it in place.
+    if a.size and p.strides == c_strides(p.shape):
+        assert read_host_floats(p.data_ptr, a.size) == a.ravel().tolist()
+
+
+def test_device_to_pinned_and_back(source):
+    src, expected = source
+    p = dlbridge.from_dlpack(src, device=(CUDA_HOST, 0))
+    assert p.device == (CUDA_HOST, 0) and p.shape == expected.shape
+    if expected.size:
+        assert memory_type(p.data_ptr) == CU_MEMORYTYPE_HOST
+    assert dlbridge.from_dlpack(p, device="cpu").tolist() == expected.tolist()
+    d = dlbridge.from_dlpack(p, device=(CUDA, 0))
+    assert d.device == (CUDA, 0) and dlbridge.from_dlpack(d, device="cpu").tolist() == expected.tolist()
+
+
+def test_pinned_memory_is_read_by_the_cpu_in_place():
+    a = np.arange(8, dtype=np.float32)
+    p = dlbridge.from_dlpack(a, device=(CUDA_HOST, 0))
+    assert p.strides == (1,) and memory_type(p.data_ptr) == CU_MEMORYTYPE_HOST
+    assert read_host_floats(p.data_ptr, 8) == a.tolist()
+    ctypes_view = (ctypes.c_float * 8).from_address(p.data_ptr)
+    ctypes_view[0] = 42
+    assert dlbridge.from_dlpack(p, device="cpu").tolist()[0] == 42
+    assert dlbridge.from_dlpack(p, device=(CUDA, 0), copy=True).__dlpack_device__() == (CUDA, 0)
+
+
+def test_torch_takes_pinned_memory_in_place():
+    p = dlbridge.from_dlpack(np.arange(8, dtype=np.float32), device=(CUDA_HOST, 0))
+    try:
+        y = torch.from_dlpack(p)
+    except (RuntimeError, BufferError) as e:
+        pytest.skip(f"this torch does not take kDLCUDAHost tensors: {e}")
+    assert y.device.type == "cpu" and y.is_pinned() and y.data_ptr() == p.data_ptr
+    y[0] = 42
+    assert read_host_floats(p.data_ptr, 1) == [42.0]
+
+
+def test_copies_outlive_their_source():
+    x = base()
+    h = dlbridge.from_dlpack(x, device="cpu")
+    c = dlbridge.from_dlpack(x, copy=True)
+    p = dlbridge.from_dlpack(x, device=(CUDA_HOST, 0))
+    expected = x.cpu().tolist()
+    del x
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.zeros(24, device="cuda")  # reuse the freed block, if the copy still pointed at it
+    for t in (h, c, p):
+        assert dlbridge.from_dlpack(t, device="cpu").tolist() == expected

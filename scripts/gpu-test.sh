@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The GPU tests of dlbridge, for a GPU machine that has no Rust toolchain (and perhaps no network):
+# the wheel is built here, the tests run there.
+#
+#   scripts/gpu-test.sh build [OUTDIR]   here (./dev gpu-test): builds the release wheel for CPython 3.12
+#                                        on x86_64 Linux into OUTDIR (default dist-gpu/ in the repository),
+#                                        with pytest's and apache-tvm-ffi's wheels beside it in OUTDIR/extras
+#   scripts/gpu-test.sh run [PYTEST ARGS] on the GPU machine, from the repository root, with dist-gpu/ there
+#
+# On the GPU machine, in a copy of the repository (dist-gpu/ included), the one command is:
+#
+#   bash scripts/gpu-test.sh run
+#
+# It makes a venv in /tmp with --system-site-packages (so the machine's torch, CuPy, JAX, numba-cuda
+# and mpi4py are seen), installs the dlbridge wheel there with `pip install --no-deps`, installs
+# pytest (and tvm-ffi, for the benchmark) from dist-gpu/extras only if the machine lacks them, then runs
+# `python -m pytest -q -rs bindings/python/tests/gpu` and `python benchmarks/bench_gpu.py`. No network is
+# needed there. Where $OUT is set (the project's lent-GPU tool), the benchmark's JSON and pytest's
+# JUnit XML are written into it. Exit status: non-zero if the tests or the benchmark failed.
+#
+# With the lent-GPU tool: build here, then run `bash scripts/gpu-test.sh run` with carry ["dist-gpu"]
+# (dist-gpu/ is git-ignored, so it travels only when carried).
+#
+# How a cp312 wheel is built without a Python 3.12 interpreter here: `maturin build --target
+# x86_64-unknown-linux-gnu --interpreter python3.12`. With an explicit --target maturin treats the
+# build as a cross build, and where no python3.12 runs it uses its bundled sysconfig for CPython 3.12
+# on that target, writing a PyO3 config file (implementation=CPython, version=3.12, shared) that it
+# passes to the build as PYO3_CONFIG_FILE. A real python3.12 on PATH is used instead if there is one;
+# the result is the same. The --target also keeps the build in $CARGO_TARGET_DIR/x86_64-unknown-linux-gnu,
+# apart from ./dev's own builds, which it therefore never invalidates. After the build this script
+# checks the wheel's tag (cp312-cp312, x86_64) and that it holds
+# dlbridge/_native.cpython-312-x86_64-linux-gnu.so. The wheel's manylinux tag follows this machine's
+# glibc; the GPU machine's glibc must be at least as new (pip says "not a supported wheel" otherwise).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${DLBRIDGE_CACHE:-$HOME/.cache/dlbridge}"
+VENV="$CACHE/venv"
+TARGET=x86_64-unknown-linux-gnu
+SO=dlbridge/_native.cpython-312-x86_64-linux-gnu.so
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'gpu-test: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+    echo "usage: $0 build [OUTDIR]    (here, with Rust: the cp312 wheel into OUTDIR, default dist-gpu/)" >&2
+    echo "       $0 run [PYTEST ARGS] (on the GPU machine, from the repository root)" >&2
+    exit 2
+}
+
+build() {
+    local out="${1:-$ROOT/dist-gpu}"
+    [[ -x "$VENV/bin/maturin" ]] || die "no maturin in $VENV; run ./dev venv first"
+    mkdir -p "$out"
+    out="$(cd "$out" && pwd)"
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
+    rm -f "$out"/dlbridge-*.whl
+
+    log "maturin build --release --target $TARGET --interpreter python3.12 (into $out)"
+    (cd "$ROOT/bindings/python" && VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" \
+        "$VENV/bin/maturin" build --release --target "$TARGET" --interpreter python3.12 --out "$out")
+
+    shopt -s nullglob
+    local wheels=("$out"/dlbridge-*-cp312-cp312-*x86_64.whl)
+    shopt -u nullglob
+    [[ ${#wheels[@]} -eq 1 ]] || die "expected one cp312 x86_64 wheel in $out, found: $(ls "$out")"
+    local wheel="${wheels[0]}"
+    "$VENV/bin/python" -m zipfile -l "$wheel" | grep -q "^$SO " \
+        || die "$(basename "$wheel") does not hold $SO"
+    log "built $(basename "$wheel"), holding $SO"
+
+    # pytest (pure Python) and tvm-ffi (for the benchmark's comparison), for a GPU machine without
+    # them and without network; installed there only if missing. Best effort: a failure here only
+    # means the GPU machine must have them already.
+    local tvm
+    tvm="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("apache-tvm-ffi"))' 2>/dev/null || true)"
+    rm -rf "$out/extras"
+    log "downloading pytest${tvm:+ and apache-tvm-ffi==$tvm} wheels for CPython 3.12 into $out/extras"
+    if ! "$VENV/bin/python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+        --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any \
+        -d "$out/extras" pytest ${tvm:+"apache-tvm-ffi==$tvm"}; then
+        log "could not download them (offline?): the GPU machine must have pytest itself"
+        rm -rf "$out/extras"
+    fi
+    log "done: $(du -sh "$out" | cut -f1) in $out. On the GPU machine, from the repository root: bash scripts/gpu-test.sh run"
+}
+
+run() {
+    local wheels_dir="${DLBRIDGE_GPU_WHEELS:-dist-gpu}"
+    local py="${PYTHON:-python3}"
+    local venv="${DLBRIDGE_GPU_VENV:-/tmp/dlbridge-gpu-venv}"
+    [[ -f bindings/python/tests/gpu/conftest.py ]] || die "run this from the repository root"
+    shopt -s nullglob
+    local wheels=("$wheels_dir"/dlbridge-*-cp312-*.whl)
+    shopt -u nullglob
+    [[ ${#wheels[@]} -eq 1 ]] || die "expected one dlbridge cp312 wheel in $wheels_dir/ (build it with scripts/gpu-test.sh build), found ${#wheels[@]}"
+
+    log "$("$py" --version 2>&1) at $(command -v "$py"); glibc $(ldd --version 2>/dev/null | head -1 | awk '{print $NF}')"
+    command -v nvidia-smi >/dev/null && nvidia-smi -L || true
+    log "venv with the system's site-packages in $venv"
+    "$py" -m venv --clear --system-site-packages --without-pip "$venv"
+    local vpy="$venv/bin/python"
+    if ! "$vpy" -m pip --version >/dev/null 2>&1; then
+        "$vpy" -m ensurepip --default-pip >/dev/null
+    fi
+    export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INDEX=1
+    log "pip install --no-deps --force-reinstall ${wheels[0]}"
+    "$vpy" -m pip install --quiet --no-deps --force-reinstall "${wheels[0]}" \
+        || die "pip refused the wheel: the GPU machine needs CPython 3.12 on x86_64 with a glibc at least as new as the wheel's manylinux tag"
+    local module package
+    for module in pytest:pytest tvm_ffi:apache-tvm-ffi; do
+        package="${module#*:}"; module="${module%%:*}"
+        if ! "$vpy" -c "import $module" >/dev/null 2>&1 && [[ -d "$wheels_dir/extras" ]]; then
+            log "installing $package from $wheels_dir/extras"
+            "$vpy" -m pip install --quiet --find-links "$wheels_dir/extras" "$package" \
+                || log "could not install $package from $wheels_dir/extras"
+        fi
+    done
+    "$vpy" - <<'EOF'
+import importlib, dlbridge
+print(f"dlbridge {dlbridge.__version__} from {dlbridge.__file__}")
+for name in ("torch", "cupy", "jax", "numba", "mpi4py", "tvm_ffi", "pytest"):
+    try:
+        m = importlib.import_module(name)
+        print(f"  {name} {getattr(m, '__version__', '?')}")
+    except Exception as e:
+        print(f"  {name}: not available ({type(e).__name__}: {e})")
+EOF
+
+    local status=0 junit=() json=()
+    if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
+        junit=(--junitxml "$OUT/gpu-tests.xml")
+        json=(--json "$OUT/bench_gpu.json")
+    fi
+    log "python -m pytest -q -rs bindings/python/tests/gpu $*"
+    "$vpy" -m pytest -q -rs -p no:cacheprovider "${junit[@]}" bindings/python/tests/gpu "$@" || status=1
+    log "python benchmarks/bench_gpu.py"
+    "$vpy" benchmarks/bench_gpu.py "${json[@]}" || status=1
+    if [[ $status -ne 0 ]]; then log "FAILED (see above)"; else log "GPU tests and benchmark passed"; fi
+    return $status
+}
+
+cmd="${1:-}"; shift || true
+case "$cmd" in
+    build) [[ $# -le 1 ]] || usage; build "$@" ;;
+    run) run "$@" ;;
+    *) usage ;;
+esac
