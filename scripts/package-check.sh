@@ -39,6 +39,15 @@ if [[ ${#verify[@]} -eq 0 && ! -x "$PYO3_PYTHON" ]]; then
 fi
 
 cd "$ROOT"
+# cargo unpacks the just-packaged dlbridge for dlbridge-pyo3's verification into its registry
+# folder for the temporary overlay, and reuses what it unpacked for the same name and version in an
+# earlier run (the version stays 0.1.0 between commits): a stale dlbridge would then verify
+# dlbridge-pyo3. Start clean, removing only those overlay copies (crates.io's folders are not
+# touched: their names do not start with "-").
+rm -rf "$CARGO_TARGET_DIR/package"
+for crate in "${CRATES[@]}"; do
+    rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/"$crate"-* "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/-*/"$crate"-*
+done
 pkgs=()
 for crate in "${CRATES[@]}"; do pkgs+=(-p "$crate"); done
 
