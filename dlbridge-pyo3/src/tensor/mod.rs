@@ -111,9 +111,9 @@ impl Tensor {
     }
 
     /// A new owned tensor sharing this one's memory, for `from_dlpack(tensor)`:
-    /// legacy when the writability is unknown, so that it stays unknown.
+    /// legacy when the writability is unknown, so that it stays unknown. Its
+    /// data stays ready on this tensor's stream, which the caller carries over.
     pub(crate) fn share(slf: &Bound<'_, Self>) -> PyResult<AnyOwned> {
-        // (The data stays ready on this tensor's stream; see `from_dlpack`.)
         match slf.get().writability {
             Writability::Unknown => Tensor::export_legacy(slf).map(AnyOwned::Legacy),
             _ => Tensor::export_versioned(slf).map(AnyOwned::Versioned),
