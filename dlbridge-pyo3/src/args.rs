@@ -137,7 +137,12 @@ impl<'py> PyTensorMut<'py> {
 
     /// The writable view; writes are seen in the caller's own object.
     pub fn view_mut(&mut self) -> PyResult<TensorViewMut<'_>> {
-        self.owned.try_view_mut().py()
+        // SAFETY: `self` holds an exclusive borrow of these bytes in the registry,
+        // so no other PyTensor or PyTensorMut reaches them while the view lives,
+        // and `&mut self` makes the view the only one from here. (Python code the
+        // extension itself runs meanwhile is outside what Rust can see; see
+        // `borrows`.)
+        unsafe { self.owned.try_view_mut_unchecked() }.py()
     }
 
     /// The Python object the tensor came from.
@@ -161,6 +166,12 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyTensorMut<'py> {
         };
         if let Some(why) = refusal {
             return Err(PyBufferError::new_err(format!("cannot borrow this {} as writable: {why}", type_name(&source))));
+        }
+        if owned.is_copied() {
+            return Err(PyBufferError::new_err(format!(
+                "cannot borrow this {} as writable: its producer handed over a copy (IS_COPIED), so writes would be lost",
+                type_name(&source)
+            )));
         }
         if !owned.view().is_non_overlapping() {
             return Err(PyBufferError::new_err(format!(

@@ -32,13 +32,36 @@ impl AnyOwned {
         }
     }
 
-    /// A writable view, refused for read-only or overlapping tensors. A legacy
-    /// tensor is not refused here: callers that relay writability check
-    /// [`Writability`](crate::Writability) first, as `PyTensorMut` does.
+    /// A writable view, refused for read-only or overlapping tensors, and for
+    /// tensors imported from Python, whose memory other objects can reach:
+    /// write those through [`PyTensorMut`](crate::PyTensorMut), which holds an
+    /// exclusive borrow of the bytes.
     pub fn try_view_mut(&mut self) -> Result<TensorViewMut<'_>, dlbridge::Error> {
         match self {
             AnyOwned::Versioned(t) => t.try_view_mut(),
             AnyOwned::Legacy(t) => t.try_view_mut(),
+        }
+    }
+
+    /// [`try_view_mut`](Self::try_view_mut) without the aliasing check.
+    ///
+    /// # Safety
+    /// As [`dlbridge::Owned::try_view_mut_unchecked`].
+    pub(crate) unsafe fn try_view_mut_unchecked(&mut self) -> Result<TensorViewMut<'_>, dlbridge::Error> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match self {
+                AnyOwned::Versioned(t) => t.try_view_mut_unchecked(),
+                AnyOwned::Legacy(t) => t.try_view_mut_unchecked(),
+            }
+        }
+    }
+
+    /// Marks the data reachable through other paths (see [`dlbridge::Owned::mark_aliased`]).
+    pub(crate) fn mark_aliased(&mut self) {
+        match self {
+            AnyOwned::Versioned(t) => t.mark_aliased(),
+            AnyOwned::Legacy(t) => t.mark_aliased(),
         }
     }
 
@@ -172,11 +195,16 @@ pub fn consume_capsule(capsule: &Bound<'_, PyAny>) -> PyResult<AnyOwned> {
     }
     // SAFETY: `PyCapsule_IsValid` only compares names and never raises.
     let valid = |name: &CStr| unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), name.as_ptr()) == 1 };
+    // The producer's memory stays reachable through its own objects.
+    let aliased = |mut owned: AnyOwned| {
+        owned.mark_aliased();
+        owned
+    };
     if valid(DLManagedTensorVersioned::CAPSULE_NAME) {
-        return consume_as::<DLManagedTensorVersioned>(capsule).map(AnyOwned::Versioned);
+        return consume_as::<DLManagedTensorVersioned>(capsule).map(AnyOwned::Versioned).map(aliased);
     }
     if valid(DLManagedTensor::CAPSULE_NAME) {
-        return consume_as::<DLManagedTensor>(capsule).map(AnyOwned::Legacy);
+        return consume_as::<DLManagedTensor>(capsule).map(AnyOwned::Legacy).map(aliased);
     }
     let name = capsule_name(capsule);
     let used = [DLManagedTensorVersioned::USED_CAPSULE_NAME, DLManagedTensor::USED_CAPSULE_NAME]

@@ -16,11 +16,8 @@ fn with_gil_unless_finalized(release: impl FnOnce()) {
         if ffi::Py_IsInitialized() == 0 {
             return;
         }
-        // The common case, a capsule freed by Python: the GIL is already ours.
-        if ffi::PyGILState_Check() == 1 {
-            release();
-            return;
-        }
+        // No PyGILState_Check shortcut: once a sub-interpreter exists, CPython
+        // turns that check off and it answers 1 on every thread.
         let gil = ffi::PyGILState_Ensure();
         release();
         ffi::PyGILState_Release(gil);
@@ -109,13 +106,18 @@ impl<T> core::ops::Deref for ExceptionSafe<T> {
 
 impl<T> Drop for ExceptionSafe<T> {
     fn drop(&mut self) {
-        // SAFETY: `Py_IsInitialized` and `PyGILState_Check` may be called at any
-        // time; the error is fetched and restored only with the GIL held. The
-        // value is dropped exactly once, here. (PyErr_Fetch/Restore still work
-        // on 3.12+, where they are deprecated for GetRaisedException.)
+        // SAFETY: `Py_IsInitialized` may be called at any time. The GIL is taken
+        // (reentrantly) before the error indicator is read, so this is sound on
+        // any thread; the value is dropped exactly once, here. (PyErr_Fetch and
+        // Restore still work on 3.12+, where they are deprecated.)
         #[allow(deprecated)]
         unsafe {
-            let saving = ffi::Py_IsInitialized() != 0 && ffi::PyGILState_Check() == 1 && !ffi::PyErr_Occurred().is_null();
+            if ffi::Py_IsInitialized() == 0 {
+                core::mem::ManuallyDrop::drop(&mut self.0);
+                return;
+            }
+            let gil = ffi::PyGILState_Ensure();
+            let saving = !ffi::PyErr_Occurred().is_null();
             let (mut kind, mut value, mut traceback) = (core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut());
             if saving {
                 ffi::PyErr_Fetch(&mut kind, &mut value, &mut traceback);
@@ -124,6 +126,7 @@ impl<T> Drop for ExceptionSafe<T> {
             if saving {
                 ffi::PyErr_Restore(kind, value, traceback);
             }
+            ffi::PyGILState_Release(gil);
         }
     }
 }

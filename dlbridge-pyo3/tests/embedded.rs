@@ -62,3 +62,17 @@ fn tensor_exports_and_reimports_through_a_capsule() {
     })
 }
 
+
+#[test]
+fn imports_from_python_cannot_be_written_without_an_exclusive_borrow() {
+    with_python(|py| {
+        let data = PyByteArray::new(py, &[0; 4]);
+        let mut first = dlbridge_pyo3::import_any(data.as_any(), None)?;
+        let mut second = dlbridge_pyo3::import_any(data.as_any(), None)?;
+        assert!(matches!(first.try_view_mut(), Err(dlbridge::Error::Aliased)));
+        assert!(matches!(second.try_view_mut(), Err(dlbridge::Error::Aliased)));
+        let reader: PyTensor<'_> = data.as_any().extract()?;
+        assert!(matches!(reader.into_owned()?.try_view_mut(), Err(dlbridge::Error::Aliased)));
+        Ok(())
+    })
+}

@@ -151,7 +151,11 @@ fn in_context<T>(device_id: i32, body: impl FnOnce(&Api) -> Result<T, Error>) ->
 
 /// Makes `consumer` wait for the work queued on `ready` so far, without
 /// blocking the host: an event recorded on `ready` and waited on by `consumer`.
-pub fn order_streams(device_id: i32, ready: i64, consumer: i64) -> Result<(), Error> {
+///
+/// # Safety
+/// Each stream value is 1 (legacy default), 2 (per-thread default) or the
+/// handle of a live stream of device `device_id`: the driver dereferences it.
+pub unsafe fn order_streams(device_id: i32, ready: i64, consumer: i64) -> Result<(), Error> {
     in_context(device_id, |api| {
         let mut event = core::ptr::null_mut();
         // SAFETY: driver calls on the current context, with streams named by
@@ -168,10 +172,14 @@ pub fn order_streams(device_id: i32, ready: i64, consumer: i64) -> Result<(), Er
 }
 
 /// Carries out a [`SyncPlan`] for memory on `device`.
-pub fn carry_out(device: Device, plan: SyncPlan) -> Result<(), Error> {
+///
+/// # Safety
+/// As [`order_streams`], for the plan's streams.
+pub unsafe fn carry_out(device: Device, plan: SyncPlan) -> Result<(), Error> {
     match plan {
         SyncPlan::Nothing => Ok(()),
-        SyncPlan::Wait { ready, consumer } => order_streams(device.device_id, ready, consumer),
+        // SAFETY: forwarded from the caller.
+        SyncPlan::Wait { ready, consumer } => unsafe { order_streams(device.device_id, ready, consumer) },
     }
 }
 
@@ -250,6 +258,18 @@ fn layout_of<'v>(view: &'v TensorView<'_>, device: Device) -> RawLayout<'v> {
     RawLayout { dtype: view.dtype(), device, shape: view.shape(), strides: Some(view.strides()), byte_offset: 0 }
 }
 
+/// The flags a copy of `view` carries: IS_SUBBYTE_TYPE_PADDED for padded
+/// sub-byte data, which a legacy tensor cannot carry (refused then).
+fn padded_flags<M: ManagedAbi>(view: &TensorView<'_>) -> Result<u64, Error> {
+    if !view.is_subbyte_padded() {
+        return Ok(0);
+    }
+    if !M::VERSIONED {
+        return Err(Error::UnsupportedDtype { dtype: view.dtype(), operation: "a legacy tensor, which cannot flag padding," });
+    }
+    Ok(crate::ffi::DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
+}
+
 fn require_cuda(view: &TensorView<'_>) -> Result<(), Error> {
     match view.device().device_type {
         DeviceType::CUDA | DeviceType::CUDA_MANAGED => Ok(()),
@@ -262,9 +282,22 @@ fn require_cuda(view: &TensorView<'_>) -> Result<(), Error> {
 /// then waited for (a host copy must be complete when it returns). `pinned`
 /// puts it in page-locked memory (device `cuda_host`), keeping the layout;
 /// otherwise the copy is made C-contiguous in ordinary memory. A
-/// CPU-accessible source is copied on the host. IS_COPIED is set.
-pub fn to_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, pinned: bool) -> Result<Owned<M>, Error> {
+/// CPU-accessible source is copied on the host, after its `ready` stream (for
+/// CUDA managed memory) is waited for. IS_COPIED is set; a padded sub-byte
+/// tensor stays padded.
+///
+/// # Safety
+/// `ready`, when given, is 1, 2 or the handle of a live stream of the view's device.
+pub unsafe fn to_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, pinned: bool) -> Result<Owned<M>, Error> {
+    let padded = padded_flags::<M>(view)?;
     if view.device().is_cpu_accessible() {
+        if let (Some(ready), true) = (ready, view.device().device_type.has_streams()) {
+            // A kernel may still be writing managed memory on that stream.
+            in_context(view.device().device_id, |api| {
+                // SAFETY: a stream the caller vouches for.
+                check("cuStreamSynchronize", unsafe { (api.stream_synchronize)(stream_handle(ready)) })
+            })?;
+        }
         if !pinned {
             return crate::to_contiguous(view);
         }
@@ -299,7 +332,7 @@ pub fn to_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, pinned:
         let device = Device::new(DeviceType::CUDA_HOST, 0);
         // SAFETY: the buffer holds the whole extent, element 0 at `first`, and
         // is the owner; it is page-locked host memory, readable and writable.
-        unsafe { export_raw(buffer, base.wrapping_add(first).cast(), layout_of(view, device), 0) }?
+        unsafe { export_raw(buffer, base.wrapping_add(first).cast(), layout_of(view, device), padded) }?
     } else {
         let mut buffer = crate::AlignedBuffer::zeroed(len)?;
         let base = buffer.as_mut_slice().as_mut_ptr();
@@ -307,7 +340,7 @@ pub fn to_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, pinned:
             copy_into(base)?;
         }
         // SAFETY: as above, in ordinary memory that the buffer owns.
-        let staged: Owned<M> = unsafe { export_raw(buffer, base.wrapping_add(first).cast(), layout_of(view, Device::CPU), 0) }?;
+        let staged: Owned<M> = unsafe { export_raw(buffer, base.wrapping_add(first).cast(), layout_of(view, Device::CPU), padded) }?;
         if staged.view().is_c_contiguous() {
             staged
         } else {
@@ -322,6 +355,7 @@ pub fn to_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, pinned:
 /// memory dlbridge allocated and its deleter frees. The copy is complete when
 /// this returns. IS_COPIED is set.
 pub fn to_device<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32) -> Result<Owned<M>, Error> {
+    let padded = padded_flags::<M>(view)?;
     let contiguous;
     let view = if view.is_c_contiguous() {
         view
@@ -339,7 +373,7 @@ pub fn to_device<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32) -> Result
     let layout = RawLayout { strides: None, ..layout_of(view, Device::cuda(device_id)) };
     // SAFETY: device memory of the view's contiguous size, owned by the buffer;
     // the host never dereferences it.
-    let mut owned: Owned<M> = unsafe { export_raw(buffer, core::ptr::without_provenance_mut(ptr as usize), layout, 0) }?;
+    let mut owned: Owned<M> = unsafe { export_raw(buffer, core::ptr::without_provenance_mut(ptr as usize), layout, padded) }?;
     owned.mark_copied();
     Ok(owned)
 }
@@ -347,8 +381,12 @@ pub fn to_device<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32) -> Result
 /// A copy of a CUDA tensor in fresh memory on the same device, with the same
 /// layout, queued on `ready` (the stream its data is ready on, which the copy
 /// is then ready on too): no host synchronisation. IS_COPIED is set.
-pub fn copy_on_device<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>) -> Result<Owned<M>, Error> {
+///
+/// # Safety
+/// As [`to_host`], for `ready`.
+pub unsafe fn copy_on_device<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>) -> Result<Owned<M>, Error> {
     require_cuda(view)?;
+    let padded = padded_flags::<M>(view)?;
     let (start, len, first) = extent(view);
     let device_id = view.device().device_id;
     let buffer = DeviceBuffer::new(device_id, len)?;
@@ -364,7 +402,7 @@ pub fn copy_on_device<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>) 
     }
     let data = core::ptr::without_provenance_mut((dst as usize).wrapping_add(first));
     // SAFETY: the buffer holds the whole extent, element 0 at `first`.
-    let mut owned: Owned<M> = unsafe { export_raw(buffer, data, layout_of(view, view.device()), 0) }?;
+    let mut owned: Owned<M> = unsafe { export_raw(buffer, data, layout_of(view, view.device()), padded) }?;
     owned.mark_copied();
     Ok(owned)
 }
@@ -380,7 +418,8 @@ mod tests {
             return; // a machine with CUDA: the GPU suite covers it
         }
         assert!(matches!(driver_available(), Err(Error::CudaUnavailable { .. })));
-        assert!(matches!(order_streams(0, 1, 2), Err(Error::CudaUnavailable { .. })));
+        // SAFETY: the two default streams; no driver is loaded anyway.
+        assert!(matches!(unsafe { order_streams(0, 1, 2) }, Err(Error::CudaUnavailable { .. })));
         assert!(matches!(pointer_device(0x1000), Err(Error::CudaUnavailable { .. })));
         let t = crate::OwnedTensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
         assert!(matches!(to_device::<crate::ffi::DLManagedTensorVersioned>(t.view(), 0), Err(Error::CudaUnavailable { .. })));

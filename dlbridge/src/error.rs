@@ -127,6 +127,8 @@ pub enum Error {
     NotContiguous,
     /// Write access was requested to a read-only tensor.
     ReadOnly,
+    /// Write access was requested to a tensor whose memory other paths may reach.
+    Aliased,
     /// Write access was requested to a tensor whose elements overlap in memory.
     OverlappingMemory,
     /// A fixed-rank view was requested of a tensor of another rank.
@@ -234,6 +236,10 @@ impl fmt::Display for Error {
             }
             Error::NotContiguous => write!(f, "tensor is not C-contiguous"),
             Error::ReadOnly => write!(f, "tensor is read-only"),
+            Error::Aliased => write!(
+                f,
+                "tensor's memory may be reachable through other objects; write through an exclusive borrow (dlbridge_pyo3::PyTensorMut)"
+            ),
             Error::OverlappingMemory => write!(f, "tensor elements overlap in memory, so it cannot be written through"),
             Error::RankMismatch { expected, found } => write!(f, "expected {expected} dimensions, found {found}"),
             Error::UnsupportedFormat { format, reason } => write!(f, "format {format:?}: {reason}"),

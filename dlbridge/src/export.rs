@@ -105,7 +105,8 @@ pub unsafe fn export_raw<M: ManagedAbi, O: Send + 'static>(
 ///
 /// # Safety
 /// The memory the view describes must stay valid, as for [`export_raw`], until
-/// `owner` is dropped.
+/// `owner` is dropped; `flags` has IS_SUBBYTE_TYPE_PADDED exactly when the view
+/// is padded (a consumer reads that many bytes).
 pub unsafe fn export_view<M: ManagedAbi, O: Send + 'static>(
     owner: O,
     view: &TensorView<'_>,

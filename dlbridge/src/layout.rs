@@ -100,7 +100,7 @@ pub(crate) fn place_in_buffer(place: &mut Placement, len: usize) -> Result<(), E
         return Ok(());
     }
     // `first + hi` is the highest index reached: it must be below `len`.
-    let first = -place.lo;
+    let first = place.lo.checked_neg().unwrap_or(i64::MAX);
     if first.checked_add(place.hi).filter(|&h| (h as u64) < len as u64).is_none() {
         return Err(Error::OutOfBounds { lowest: 0, highest: first.saturating_add(place.hi), len });
     }

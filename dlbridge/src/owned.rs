@@ -159,6 +159,8 @@ pub struct Owned<M: ManagedAbi> {
     /// Read-only whatever the ABI: a legacy struct has no flags to carry READ_ONLY,
     /// so a read-only export of one (or `mark_read_only`) is remembered here.
     read_only: bool,
+    /// The data may be reachable through other paths (see [`Owned::mark_aliased`]).
+    aliased: bool,
 }
 
 /// An owned `DLManagedTensorVersioned` (DLPack ≥ 1.0).
@@ -180,6 +182,8 @@ impl<M: ManagedAbi> Owned<M> {
     /// `ptr` must be NULL or point to a managed tensor that the caller owns, that
     /// nothing else will use or delete, and whose `shape`, `strides` and data
     /// are valid as [`TensorView::from_dltensor`] requires, until the deleter runs.
+    /// Unless the result is [marked aliased](Self::mark_aliased), nothing else may
+    /// access the data while a view from [`try_view_mut`](Self::try_view_mut) lives.
     pub unsafe fn from_raw(ptr: *mut M) -> Result<Self, Error> {
         // SAFETY: forwarded from the caller.
         unsafe { Self::try_from_raw(ptr) }.map_err(|(err, ptr)| {
@@ -214,7 +218,7 @@ impl<M: ManagedAbi> Owned<M> {
         // caller guarantees its pointers. The 'static borrow is confined to
         // `Owned`, which outlives every use of it.
         match unsafe { TensorView::from_dltensor(managed.dl_tensor(), padded) } {
-            Ok(view) => Ok(Owned { ptr, view, read_only: false }),
+            Ok(view) => Ok(Owned { ptr, view, read_only: false, aliased: false }),
             Err(err) => Err((err, Some(ptr))),
         }
     }
@@ -224,7 +228,7 @@ impl<M: ManagedAbi> Owned<M> {
     /// # Safety
     /// `ptr` must be an owned managed tensor that `view` describes exactly.
     pub(crate) unsafe fn from_validated(ptr: NonNull<M>, view: TensorView<'static>) -> Self {
-        Owned { ptr, view, read_only: false }
+        Owned { ptr, view, read_only: false, aliased: false }
     }
 
     /// Gives up ownership without calling the deleter, for a C consumer.
@@ -252,10 +256,34 @@ impl<M: ManagedAbi> Owned<M> {
     /// taken as writable here, since the caller holds the owning pointer and
     /// chose to trust it (the Python layer treats it as unknown instead).
     pub fn try_view_mut(&mut self) -> Result<TensorViewMut<'_>, Error> {
+        if self.aliased {
+            return Err(Error::Aliased);
+        }
+        // SAFETY: not aliased: `from_raw`'s caller vouched that nothing else
+        // accesses the data, and Rust exports own it.
+        unsafe { self.try_view_mut_unchecked() }
+    }
+
+    /// [`try_view_mut`](Self::try_view_mut) for a tensor marked aliased, whose
+    /// caller proves exclusive access another way (a borrow registry, say).
+    ///
+    /// # Safety
+    /// Nothing may read or write the bytes this tensor reaches, through any
+    /// other path, while the returned view (or a borrow from it) lives.
+    pub unsafe fn try_view_mut_unchecked(&mut self) -> Result<TensorViewMut<'_>, Error> {
         if self.is_read_only() {
             return Err(Error::ReadOnly);
         }
         TensorViewMut::from_view(self.view.clone())
+    }
+
+    /// Marks the data as reachable through other paths than this owner (a
+    /// Python object it was imported from, another import of the same memory):
+    /// [`try_view_mut`](Self::try_view_mut) then refuses, and writes need
+    /// [`try_view_mut_unchecked`](Self::try_view_mut_unchecked) with a proof of
+    /// exclusive access. There is no way to clear it.
+    pub fn mark_aliased(&mut self) {
+        self.aliased = true;
     }
 
     /// Like [`try_view_mut`](Self::try_view_mut), `None` on refusal.

@@ -179,3 +179,14 @@ fn shared_arc_array_legacy_export_is_read_only() {
     assert!(matches!(t.try_view_mut(), Err(Error::ReadOnly)));
     assert_eq!(other[0], 1.0);
 }
+
+#[test]
+fn aliased_tensors_need_a_proof_of_exclusive_access_to_write() {
+    let mut t = OwnedTensor::from_vec(vec![1u8, 2, 3], &[3]).unwrap();
+    t.mark_aliased();
+    assert!(matches!(t.try_view_mut(), Err(Error::Aliased)));
+    // SAFETY: nothing else reaches this Vec: the test owns it alone.
+    let mut view = unsafe { t.try_view_mut_unchecked() }.unwrap();
+    view.as_slice_mut::<u8>().unwrap()[0] = 9;
+    assert_eq!(t.view().as_slice::<u8>(), Some(&[9u8, 2, 3][..]));
+}

@@ -370,3 +370,23 @@ def test_a_tensor_freed_while_an_exception_propagates_keeps_it():
     # callback, which would turn the ValueError into a SystemError if it ran with it set.
     with pytest.raises(ValueError, match="stream"):
         dlbridge.from_dlpack(FakeProducer().capsule()).__dlpack__(stream=5)
+
+
+def test_empty_tensors_pickle_in_band_and_out():
+    import pickle
+
+    for protocol in (2, 4, 5):
+        for t in (dlbridge.zeros((0,)), dlbridge.zeros((3, 0), "int8"), dlbridge.asarray(b"")):
+            u = pickle.loads(pickle.dumps(t, protocol=protocol))
+            assert u.shape == t.shape and str(u.dtype) == str(t.dtype)
+
+
+def test_writable_argument_refuses_a_producers_copy():
+    from dlpack_ctypes import IS_COPIED
+
+    p = FakeProducer(values=(1.0,), shape=(1,), dtype=(1, 8, 1))
+    p.managed.flags = IS_COPIED
+    capsule = p.capsule()
+    with pytest.raises(BufferError, match="IS_COPIED"):
+        _native._read_then_write(np.zeros(1, np.uint8), capsule)
+    del capsule

@@ -63,9 +63,16 @@ fn move_to(owned: &AnyOwned, ready: Option<i64>, wanted: Device) -> PyResult<Imp
     let view = owned.view();
     let from = view.device();
     let on_cuda = matches!(from.device_type, DeviceType::CUDA | DeviceType::CUDA_MANAGED);
+    // `ready` is the stream value the producer was given, or its
+    // `__cuda_array_interface__` stream: the protocols hand streams over as raw
+    // integers (README, "Raw addresses").
+    let to_host = |pinned| {
+        // SAFETY: as just said.
+        unsafe { dlbridge::cuda::to_host(view, ready, pinned) }.py()
+    };
     let copied: OwnedTensor = match wanted.device_type {
-        DeviceType::CPU if on_cuda => dlbridge::cuda::to_host(view, ready, false).py()?,
-        DeviceType::CUDA_HOST if on_cuda || from.is_cpu_accessible() => dlbridge::cuda::to_host(view, ready, true).py()?,
+        DeviceType::CPU if on_cuda => to_host(false)?,
+        DeviceType::CUDA_HOST if on_cuda || from.is_cpu_accessible() => to_host(true)?,
         DeviceType::CUDA if from.is_cpu_accessible() => dlbridge::cuda::to_device(view, wanted.device_id).py()?,
         _ => return Err(PyBufferError::new_err(format!("cannot move a tensor from {from} to {wanted}"))),
     };
@@ -88,8 +95,10 @@ fn check_device_id(owned: &AnyOwned) -> PyResult<()> {
     }
 }
 
-/// Applies `device`, `copy` and `stream` to an imported tensor.
-fn finish((owned, ready): Imported, options: ImportOptions) -> PyResult<Imported> {
+/// Applies `device`, `copy` and `stream` to an imported tensor, marked
+/// aliased: its memory stays reachable through the producer's objects.
+fn finish((mut owned, ready): Imported, options: ImportOptions) -> PyResult<Imported> {
+    owned.mark_aliased();
     let device = owned.view().device();
     if let Some(stream) = options.stream.filter(|_| !device.device_type.has_streams()) {
         return Err(PyValueError::new_err(format!("stream={stream} was given, but the tensor is on {device}, which has no streams")));
@@ -108,7 +117,8 @@ fn finish((owned, ready): Imported, options: ImportOptions) -> PyResult<Imported
     match options.copy {
         Some(true) if !owned.is_copied() => {
             let copied: OwnedTensor = if device.device_type.has_streams() {
-                dlbridge::cuda::copy_on_device(owned.view(), ready).py()?
+                // SAFETY: `ready` is the producer's stream value, as for `move_to`.
+                unsafe { dlbridge::cuda::copy_on_device(owned.view(), ready) }.py()?
             } else {
                 to_contiguous(owned.view()).py()?
             };

@@ -167,15 +167,20 @@ impl Tensor {
         if request.moved {
             // A complete host copy: the data's stream is waited for.
             let pinned = request.device.device_type == DeviceType::CUDA_HOST;
-            return dlbridge::cuda::to_host::<M>(view, this.ready_stream, pinned).py();
+            // SAFETY: the ready stream is the value this tensor's producer was
+            // given; stream values are raw handles by the protocol's design.
+            return unsafe { dlbridge::cuda::to_host::<M>(view, this.ready_stream, pinned) }.py();
         }
         if request.order && own.device_type.has_streams() {
             let plan = dlbridge::streams::plan(own.device_type, this.ready_stream, request.stream).py()?;
-            dlbridge::cuda::carry_out(own, plan).py()?;
+            // SAFETY: the ready stream as above, and the consumer's own stream,
+            // which the DLPack protocol hands over as a raw handle.
+            unsafe { dlbridge::cuda::carry_out(own, plan) }.py()?;
         }
         if request.copy == Some(true) {
             if own.device_type.has_streams() {
-                return dlbridge::cuda::copy_on_device::<M>(view, this.ready_stream).py();
+                // SAFETY: the ready stream, as above.
+                return unsafe { dlbridge::cuda::copy_on_device::<M>(view, this.ready_stream) }.py();
             }
             return to_contiguous::<M>(view).py();
         }

@@ -82,8 +82,8 @@ pub(super) fn reduce_ex<'py>(slf: &Bound<'py, Tensor>, protocol: i64) -> PyResul
     let payload = if protocol >= 5 {
         py.import(intern!(py, "pickle"))?.getattr(intern!(py, "PickleBuffer"))?.call1((bytes,))?
     } else {
-        // SAFETY: `bytes` is a live contiguous uint8 tensor; its view's bytes are readable.
-        let data = unsafe { core::slice::from_raw_parts(bytes.get().view().as_ptr().cast::<u8>(), bytes.get().view().nbytes()) };
+        // A live contiguous uint8 tensor: its view's bytes (none when empty, where the pointer is NULL).
+        let data = bytes.get().view().as_bytes().unwrap_or(&[]);
         PyBytes::new(py, data).into_any()
     };
     let dtype = view.dtype().to_string();
@@ -126,8 +126,11 @@ pub(crate) fn _rebuild_tensor(
     let layout = RawLayout { dtype, device: Device::CPU, shape: &shape, strides: None, byte_offset: 0 };
     let owned: OwnedTensor = if writability.is_writable() && buffer.readonly != 0 {
         let mut copy = AlignedBuffer::zeroed(needed).py()?;
-        // SAFETY: the buffer view holds `needed` readable bytes (checked above).
-        copy.as_mut_slice().copy_from_slice(unsafe { core::slice::from_raw_parts(buffer.buf.cast::<u8>(), needed) });
+        if needed > 0 {
+            // SAFETY: the buffer view holds `needed` readable bytes (checked above), so its
+            // pointer is not NULL.
+            copy.as_mut_slice().copy_from_slice(unsafe { core::slice::from_raw_parts(buffer.buf.cast::<u8>(), needed) });
+        }
         drop(owner);
         let data = copy.as_mut_slice().as_mut_ptr().cast::<c_void>();
         // SAFETY: the aligned buffer holds `needed` bytes, the row-major layout's
