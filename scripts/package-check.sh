@@ -17,7 +17,9 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${DLBRIDGE_CACHE:-$HOME/.cache/dlbridge}"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
+# A target folder of its own: verification builds dlbridge-pyo3 against dlbridge as a registry
+# crate, whose build cargo never refreshes for the same name and version (0.1.0 between commits).
+export CARGO_TARGET_DIR="$CACHE/package-target"
 export PYO3_PYTHON="${PYO3_PYTHON:-$CACHE/venv/bin/python}"
 
 CRATES=(dlbridge dlbridge-pyo3)
@@ -47,6 +49,10 @@ cd "$ROOT"
 rm -rf "$CARGO_TARGET_DIR/package"
 for crate in "${CRATES[@]}"; do
     rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/"$crate"-* "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/-*/"$crate"-*
+    # ... and what an earlier verification built of it.
+    lib="${crate//-/_}"
+    rm -rf "$CARGO_TARGET_DIR"/debug/.fingerprint/"$crate"-* "$CARGO_TARGET_DIR"/debug/deps/lib"$lib"-* \
+        "$CARGO_TARGET_DIR"/debug/deps/"$lib"-* "$CARGO_TARGET_DIR"/debug/build/"$crate"-*
 done
 pkgs=()
 for crate in "${CRATES[@]}"; do pkgs+=(-p "$crate"); done
