@@ -11,7 +11,8 @@ use core::ffi::c_void;
 use core::ops::{Deref, DerefMut};
 use core::ptr::NonNull;
 
-use crate::dtype::{DataType, Element};
+use crate::dtype::DataType;
+use crate::element::Element;
 use crate::error::Error;
 use crate::ffi::{DLTensor, DLPACK_FLAG_BITMASK_READ_ONLY};
 use crate::owned::{Owned, ManagedAbi};

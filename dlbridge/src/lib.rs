@@ -57,6 +57,7 @@ mod candle;
 pub mod copy;
 mod device;
 pub mod dtype;
+mod element;
 mod error;
 pub mod export;
 pub mod ffi;
@@ -69,15 +70,18 @@ mod owned;
 #[cfg(feature = "ndarray")]
 mod ndarray;
 mod view;
+mod view_mut;
 
 #[cfg(feature = "candle")]
 pub use candle::{dtype_from_candle, dtype_to_candle};
 pub use copy::{to_contiguous, zeros, AlignedBuffer, ALIGNMENT};
 pub use device::{Device, DeviceType};
-pub use dtype::{DataType, DataTypeCode, Element};
+pub use dtype::{DataType, DataTypeCode};
+pub use element::Element;
 pub use error::Error;
 pub use owned::{OwnedLegacyTensor, Owned, ManagedAbi, OwnedTensor};
-pub use view::{TensorView, TensorViewMut, MAX_NDIM};
+pub use view::{TensorView, MAX_NDIM};
+pub use view_mut::TensorViewMut;
 
 /// The README's Rust example, compiled and run as a doctest.
 #[cfg(doctest)]

@@ -7,13 +7,14 @@
 
 use ndarray::{ArcArray, Array, ArrayView, ArrayViewMut, Axis, Dimension, IxDyn, ShapeBuilder};
 
-use crate::dtype::Element;
+use crate::element::Element;
 use crate::error::Error;
 use crate::export::{export_placed, place_owner};
 use crate::layout::{extent_of, Small};
 use crate::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
 use crate::owned::{Owned, ManagedAbi};
-use crate::view::{TensorView, TensorViewMut};
+use crate::view::TensorView;
+use crate::view_mut::TensorViewMut;
 
 /// The lowest-address element and the axes (a bit mask) whose strides are
 /// negative: ndarray wants non-negative strides from the lowest address.

@@ -17,7 +17,8 @@ use crate::ffi::{
     DLManagedTensor, DLManagedTensorVersioned, DLPackVersion, DLTensor, DLPACK_FLAG_BITMASK_IS_COPIED,
     DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED, DLPACK_FLAG_BITMASK_READ_ONLY, DLPACK_MAJOR_VERSION,
 };
-use crate::view::{TensorView, TensorViewMut};
+use crate::view::TensorView;
+use crate::view_mut::TensorViewMut;
 
 mod sealed {
     pub trait Sealed {}

@@ -23,7 +23,8 @@ use core::ffi::c_void;
 use core::marker::PhantomData;
 use core::ops::Range;
 
-use crate::dtype::{DataType, Element};
+use crate::dtype::DataType;
+use crate::element::Element;
 use crate::error::Error;
 use crate::ffi::DLTensor;
 use crate::layout::{byte_extent, element_count, element_extent, row_major_strides_into};
@@ -67,7 +68,7 @@ enum Strides {
 #[derive(Clone, Debug)]
 pub struct TensorView<'a> {
     /// Address of element 0 (`data + byte_offset`); NULL-based when there are no elements.
-    ptr: *const u8,
+    pub(crate) ptr: *const u8,
     shape: RawSlice,
     strides: Strides,
     dtype: DataType,
@@ -406,93 +407,4 @@ fn contiguous<'s>(axes: impl Iterator<Item = (&'s i64, &'s i64)>, numel: usize) 
         }
     }
     true
-}
-
-/// A validated view through which the elements may be written.
-///
-/// It exists only for tensors that are not read-only and whose elements do not
-/// overlap. Reading goes through [`view`](Self::view), a shared reborrow: every
-/// borrow it hands out ends before the next write, as with ndarray's
-/// `ArrayViewMut::view`. A shared slice cannot outlive a later mutable one:
-///
-/// ```compile_fail,E0502
-/// # let mut t = dlbridge::OwnedTensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
-/// let mut vm = t.try_view_mut().unwrap();
-/// let shared: &[f32] = vm.view().as_slice().unwrap();
-/// let unique: &mut [f32] = vm.as_slice_mut().unwrap();
-/// unique[0] = 9.0;
-/// println!("{}", shared[0]);
-/// ```
-///
-/// Nor does a mutable view lend out reads of its own that outlive it:
-///
-/// ```compile_fail,E0599
-/// # let mut t = dlbridge::OwnedTensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
-/// let mut vm = t.try_view_mut().unwrap();
-/// let shared: &[f32] = vm.as_slice().unwrap();
-/// let unique: &mut [f32] = vm.as_slice_mut().unwrap();
-/// unique[0] = 9.0;
-/// println!("{}", shared[0]);
-/// ```
-#[derive(Debug)]
-pub struct TensorViewMut<'a> {
-    view: TensorView<'a>,
-    _data: PhantomData<&'a mut [u8]>,
-}
-
-impl<'a> TensorViewMut<'a> {
-    /// Validates `tensor` for writing.
-    ///
-    /// # Safety
-    /// As [`TensorView::from_dltensor`], and the bytes reached must also be
-    /// writable, and not accessed through any other path, for `'a`.
-    pub unsafe fn from_dltensor(tensor: &mut DLTensor, padded: bool) -> Result<Self, Error> {
-        let tensor: &DLTensor = tensor;
-        // SAFETY: forwarded from the caller.
-        let view = unsafe { TensorView::from_dltensor(tensor, padded)? };
-        Self::from_view(view)
-    }
-
-    /// Upgrades a view the caller is entitled to write through.
-    pub(crate) fn from_view(view: TensorView<'a>) -> Result<Self, Error> {
-        if !view.is_non_overlapping() {
-            return Err(Error::OverlappingMemory);
-        }
-        Ok(TensorViewMut { view, _data: PhantomData })
-    }
-
-    /// A read-only view for as long as `self` is borrowed: shape, strides,
-    /// dtype, and shared slices that end before the next write.
-    pub fn view(&self) -> &TensorView<'_> {
-        &self.view
-    }
-
-    /// Gives up writing: a read-only view for the rest of `'a`.
-    pub fn into_view(self) -> TensorView<'a> {
-        self.view
-    }
-
-    /// Address of element 0, for writing.
-    pub fn as_mut_ptr(&mut self) -> *mut c_void {
-        self.view.ptr.cast_mut().cast()
-    }
-
-    /// The elements as a mutable slice; the conditions of
-    /// [`TensorView::as_slice`] apply.
-    pub fn as_slice_mut<T: Element>(&mut self) -> Option<&mut [T]> {
-        self.try_as_slice_mut().ok()
-    }
-
-    /// Like [`as_slice_mut`](Self::as_slice_mut), with the reason for a refusal.
-    pub fn try_as_slice_mut<T: Element>(&mut self) -> Result<&mut [T], Error> {
-        let len = self.view.try_as_slice::<T>()?.len();
-        if len == 0 {
-            return Ok(&mut []);
-        }
-        // SAFETY: `try_as_slice` proved the layout, type, alignment and values;
-        // `TensorViewMut`'s construction proved the memory writable and unaliased
-        // for 'a, and `&mut self` makes this the only borrow: shared borrows from
-        // `view()` end before it.
-        Ok(unsafe { core::slice::from_raw_parts_mut(self.as_mut_ptr().cast::<T>(), len) })
-    }
 }
