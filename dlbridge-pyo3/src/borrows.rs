@@ -80,7 +80,7 @@ pub(crate) fn acquire(view: &TensorView<'_>, exclusive: bool) -> PyResult<Borrow
 }
 
 /// How many borrows are live (for tests).
-#[cfg(any(test, feature = "testing"))]
+#[cfg(feature = "testing")]
 pub(crate) fn live_count() -> usize {
     live().len()
 }

@@ -52,4 +52,17 @@ impl Writability {
     pub fn allows_legacy_export(self) -> bool {
         self != Writability::ReadOnly
     }
+
+    /// Its name, as `Tensor._writability` and pickles carry it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Writability::Writable => "writable",
+            Writability::ReadOnly => "readonly",
+            Writability::Unknown => "unknown",
+        }
+    }
+
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
+        [Writability::Writable, Writability::ReadOnly, Writability::Unknown].into_iter().find(|w| w.name() == name)
+    }
 }

@@ -1,7 +1,7 @@
 //! [`Element`]: the Rust types whose values are elements of a DLPack dtype,
 //! which typed slices and ndarray views of a tensor may use.
 
-use crate::dtype::{DataType, DataTypeCode};
+use crate::dtype::DataType;
 
 /// A Rust type whose values are elements of one DLPack [`DataType`].
 ///
@@ -55,6 +55,6 @@ element! {
 
 #[cfg(feature = "float8")]
 element! {
-    float8::F8E4M3 => DataType::new(DataTypeCode::FLOAT8_E4M3FN, 8, 1),
-    float8::F8E5M2 => DataType::new(DataTypeCode::FLOAT8_E5M2, 8, 1),
+    float8::F8E4M3 => DataType::new(crate::DataTypeCode::FLOAT8_E4M3FN, 8, 1),
+    float8::F8E5M2 => DataType::new(crate::DataTypeCode::FLOAT8_E5M2, 8, 1),
 }

@@ -24,21 +24,6 @@ use crate::import::open_buffer;
 use crate::owner::PyOwner;
 use crate::writability::Writability;
 
-impl Writability {
-    /// The name pickles carry.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Writability::Writable => "writable",
-            Writability::ReadOnly => "readonly",
-            Writability::Unknown => "unknown",
-        }
-    }
-
-    fn from_name(name: &str) -> Option<Self> {
-        [Writability::Writable, Writability::ReadOnly, Writability::Unknown].into_iter().find(|w| w.name() == name)
-    }
-}
-
 /// A one-dimensional `uint8` tensor over the bytes of a C-contiguous CPU
 /// tensor, sharing them (and their writability): what a `PickleBuffer` wraps.
 pub(super) fn bytes_view(slf: &Bound<'_, Tensor>) -> PyResult<Tensor> {

@@ -5,15 +5,12 @@ ml_dtypes, so a packed sub-byte tensor is unpacked into a new array (the one cop
 
 from . import _native
 
-# DLPack dtype name -> ml_dtypes name, for the types NumPy lacks.
-ML_DTYPES = {
-    "bfloat16": "bfloat16", "float8_e3m4": "float8_e3m4", "float8_e4m3": "float8_e4m3",
-    "float8_e4m3b11fnuz": "float8_e4m3b11fnuz", "float8_e4m3fn": "float8_e4m3fn", "float8_e4m3fnuz": "float8_e4m3fnuz",
-    "float8_e5m2": "float8_e5m2", "float8_e5m2fnuz": "float8_e5m2fnuz", "float8_e8m0fnu": "float8_e8m0fnu",
-    "float6_e2m3fn": "float6_e2m3fn", "float6_e3m2fn": "float6_e3m2fn", "float4_e2m1fn": "float4_e2m1fn",
-    "complex32": "complex32", "int1": "int1", "int2": "int2", "int4": "int4", "uint1": "uint1", "uint2": "uint2",
-    "uint4": "uint4",
-}
+# The DLPack dtypes NumPy lacks and ml_dtypes has, under the same names in both.
+ML_DTYPES = frozenset({
+    "bfloat16", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz",
+    "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn",
+    "complex32", "int1", "int2", "int4", "uint1", "uint2", "uint4",
+})
 
 
 class _Raw:
@@ -38,7 +35,7 @@ def to_numpy(t):
         import ml_dtypes
     except ImportError:
         raise TypeError(f"a {name} tensor needs the ml_dtypes package to become a NumPy array (pip install ml_dtypes)") from None
-    target = np.dtype(getattr(ml_dtypes, ML_DTYPES[name]))
+    target = np.dtype(getattr(ml_dtypes, name))
     if t.dtype.itemsize is not None:
         raw = np.asarray(_Raw(t, f"<u{target.itemsize}" if target.itemsize > 1 else "|u1", target.itemsize))
         return raw.view(target)
