@@ -2,10 +2,12 @@
 //! [`PyTensor`] to read, [`PyTensorMut`] to write, as rust-numpy separates
 //! `PyReadonlyArray` and `PyReadwriteArray`. Both hold a [borrow](crate::borrows)
 //! of the tensor's bytes for as long as they live.
+//!
+//! On CUDA, each knows the stream its data is ready on ([`PyTensor::ready_stream`]):
+//! launch on it, or extract with `extract_on_stream(obj, your_stream)` to have
+//! your stream wait for the producer's work first (an event, no host sync).
 
-use core::ffi::c_void;
-
-use dlbridge::{TensorView, TensorViewMut};
+use dlbridge::{DeviceType, TensorView, TensorViewMut};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::Borrowed;
@@ -15,7 +17,7 @@ use crate::capsule::AnyOwned;
 use crate::convert::type_name;
 use crate::errors::IntoPyResult;
 use crate::exchange;
-use crate::import::{from_dlpack, import_any, ImportOptions};
+use crate::import::{from_dlpack, import_any_ready, settle, ImportOptions};
 use crate::writability::Writability;
 
 /// A read-only argument that accepts any producer's tensor: DLPack objects and
@@ -37,6 +39,7 @@ use crate::writability::Writability;
 pub struct PyTensor<'py> {
     held: Held,
     source: Bound<'py, PyAny>,
+    ready: Option<i64>,
     _borrow: Borrow,
 }
 
@@ -60,14 +63,32 @@ impl<'py> PyTensor<'py> {
         &self.source
     }
 
-    /// The producer's current work stream for this tensor's device (NULL when it
-    /// has none, or has no exchange API): launch kernels on it to stay ordered
-    /// with the producer's work.
-    pub fn work_stream(&self) -> *mut c_void {
-        match exchange::lookup(&self.source) {
-            Some(table) => exchange::work_stream(table, self.view().device()),
-            None => core::ptr::null_mut(),
-        }
+    /// For device memory, the stream the data is ready on: the one passed to
+    /// [`extract_on_stream`](Self::extract_on_stream); else the producer's
+    /// current work stream (exchange API) or the legacy default stream, 1 on
+    /// CUDA (`__dlpack__`). `None` when no work is pending, as on the CPU.
+    pub fn ready_stream(&self) -> Option<i64> {
+        self.ready
+    }
+
+    /// Extracts `obj` with its data ready on `stream` (1 or 2 for CUDA's default
+    /// streams, else a `CUstream` handle; -1 for no ordering): the stream is
+    /// made to wait for the producer's pending work, on the GPU. ValueError for
+    /// a stream the device does not accept, or any stream on the CPU.
+    ///
+    /// ```no_run
+    /// use dlbridge_pyo3::PyTensor;
+    /// use pyo3::prelude::*;
+    ///
+    /// #[pyfunction]
+    /// fn launch(x: &Bound<'_, PyAny>, stream: i64) -> PyResult<()> {
+    ///     let x = PyTensor::extract_on_stream(x, stream)?;
+    ///     let _data = x.view().as_ptr(); // queue kernels on `stream` here
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn extract_on_stream(obj: &Bound<'py, PyAny>, stream: i64) -> PyResult<Self> {
+        Self::extract_with(obj, Some(stream))
     }
 
     /// An owned tensor, for keeping beyond the call (a borrowed one is imported
@@ -80,25 +101,37 @@ impl<'py> PyTensor<'py> {
     }
 }
 
+impl<'py> PyTensor<'py> {
+    fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<i64>) -> PyResult<Self> {
+        let source = obj.clone();
+        if let Some(table) = exchange::lookup(&source) {
+            if let Some((dl, ready)) = exchange::fill_borrowed(&source, table)? {
+                // SAFETY: the fill points into the source's memory, which `source`
+                // keeps alive for as long as this PyTensor; the view never outlives
+                // it. A fill that does not validate is left for the owned import.
+                let view = unsafe { TensorView::from_dltensor(&dl, false) };
+                // On ROCm only `__dlpack__` can order the producer's work before a stream.
+                let orderable = stream.is_none() || dl.device.device_type != DeviceType::ROCM;
+                if let (Ok(view), true) = (view, orderable) {
+                    // Unless asked, the data stays on the producer's work stream,
+                    // where the header says a borrower launches its kernels.
+                    let ready = if stream.is_some() { settle(view.device(), ready, stream)? } else { ready };
+                    let borrow = acquire(&view, false)?;
+                    return Ok(PyTensor { held: Held::Borrowed(view), source, ready, _borrow: borrow });
+                }
+            }
+        }
+        let (owned, ready) = import_any_ready(&source, ImportOptions { stream, ..ImportOptions::default() })?;
+        let borrow = acquire(owned.view(), false)?;
+        Ok(PyTensor { held: Held::Owned(owned), source, ready, _borrow: borrow })
+    }
+}
+
 impl<'a, 'py> FromPyObject<'a, 'py> for PyTensor<'py> {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        let source = obj.to_owned();
-        if let Some(table) = exchange::lookup(&source) {
-            if let Some(dl) = exchange::fill_borrowed(&source, table)? {
-                // SAFETY: the fill points into the source's memory, which `source`
-                // keeps alive for as long as this PyTensor; the view never outlives
-                // it. A fill that does not validate is left for the owned import.
-                if let Ok(view) = unsafe { TensorView::from_dltensor(&dl, false) } {
-                    let borrow = acquire(&view, false)?;
-                    return Ok(PyTensor { held: Held::Borrowed(view), source, _borrow: borrow });
-                }
-            }
-        }
-        let owned = import_any(&source, None)?;
-        let borrow = acquire(owned.view(), false)?;
-        Ok(PyTensor { held: Held::Owned(owned), source, _borrow: borrow })
+        Self::extract_with(&obj.to_owned(), None)
     }
 }
 
@@ -126,6 +159,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyTensor<'py> {
 pub struct PyTensorMut<'py> {
     owned: AnyOwned,
     source: Bound<'py, PyAny>,
+    ready: Option<i64>,
     _borrow: Borrow,
 }
 
@@ -149,14 +183,20 @@ impl<'py> PyTensorMut<'py> {
     pub fn source(&self) -> &Bound<'py, PyAny> {
         &self.source
     }
-}
 
-impl<'a, 'py> FromPyObject<'a, 'py> for PyTensorMut<'py> {
-    type Error = PyErr;
+    /// The stream the data is ready on, as [`PyTensor::ready_stream`].
+    pub fn ready_stream(&self) -> Option<i64> {
+        self.ready
+    }
 
-    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        let source = obj.to_owned();
-        let owned = import_any(&source, None)?;
+    /// Extracts `obj` with its data ready on `stream`, as [`PyTensor::extract_on_stream`].
+    pub fn extract_on_stream(obj: &Bound<'py, PyAny>, stream: i64) -> PyResult<Self> {
+        Self::extract_with(obj, Some(stream))
+    }
+
+    fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<i64>) -> PyResult<Self> {
+        let source = obj.clone();
+        let (owned, ready) = import_any_ready(&source, ImportOptions { stream, ..ImportOptions::default() })?;
         let refusal = match Writability::of(&owned) {
             Writability::Writable => None,
             Writability::ReadOnly => Some("its producer marked it read-only"),
@@ -180,6 +220,14 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyTensorMut<'py> {
             )));
         }
         let borrow = acquire(owned.view(), true)?;
-        Ok(PyTensorMut { owned, source, _borrow: borrow })
+        Ok(PyTensorMut { owned, source, ready, _borrow: borrow })
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for PyTensorMut<'py> {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Self::extract_with(&obj.to_owned(), None)
     }
 }

@@ -33,7 +33,7 @@ pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py
     if copy != Some(true) && obj.cast_exact::<Tensor>().is_ok() {
         return Ok(obj.clone().unbind());
     }
-    let (owned, ready) = import_any_ready(obj, copy)?;
+    let (owned, ready) = import_any_ready(obj, ImportOptions { copy, ..ImportOptions::default() })?;
     Ok(Bound::new(obj.py(), Tensor::new(owned).with_ready_stream(ready))?.into_any().unbind())
 }
 

@@ -67,12 +67,67 @@ fn tensor_exports_and_reimports_through_a_capsule() {
 fn imports_from_python_cannot_be_written_without_an_exclusive_borrow() {
     with_python(|py| {
         let data = PyByteArray::new(py, &[0; 4]);
-        let mut first = dlbridge_pyo3::import_any(data.as_any(), None)?;
-        let mut second = dlbridge_pyo3::import_any(data.as_any(), None)?;
+        let mut first = dlbridge_pyo3::import_any(data.as_any(), Default::default())?;
+        let mut second = dlbridge_pyo3::import_any(data.as_any(), Default::default())?;
         assert!(matches!(first.try_view_mut(), Err(dlbridge::Error::Aliased)));
         assert!(matches!(second.try_view_mut(), Err(dlbridge::Error::Aliased)));
         let reader: PyTensor<'_> = data.as_any().extract()?;
         assert!(matches!(reader.into_owned()?.try_view_mut(), Err(dlbridge::Error::Aliased)));
+        Ok(())
+    })
+}
+
+/// A dlbridge `Tensor` over host memory labelled `cuda:0`: carried, never read.
+fn cuda_labelled_tensor(py: Python<'_>) -> PyResult<Bound<'_, Tensor>> {
+    let data = vec![0f32; 4];
+    let ptr = data.as_ptr().cast_mut().cast();
+    let layout = dlbridge::export::RawLayout { dtype: DataType::FLOAT32, device: dlbridge::Device::cuda(0), shape: &[4], strides: None, byte_offset: 0 };
+    // SAFETY: the Vec owns the bytes for as long as the tensor lives (moving it keeps its heap buffer).
+    let owned: dlbridge::OwnedTensor = unsafe { dlbridge::export::export_raw(data, ptr, layout, 0) }.map_err(dlbridge_pyo3::to_py_err)?;
+    Bound::new(py, Tensor::new(owned))
+}
+
+#[test]
+fn an_extension_extracts_a_tensor_on_its_own_stream() {
+    with_python(|py| {
+        let module = PyModule::new(py, "dlbridge_embedded")?;
+        register(&module)?;
+        let locals = [("inner", cuda_labelled_tensor(py)?.into_any())].into_py_dict(py)?;
+        py.run(
+            c"class Producer:\n    def __init__(self, inner):\n        self.inner, self.streams = inner, []\n    def __dlpack_device__(self):\n        return (2, 0)\n    def __dlpack__(self, stream=None, **kw):\n        self.streams.append(stream)\n        return self.inner.__dlpack__(stream=-1, max_version=(1, 3))\np = Producer(inner)\n",
+            None,
+            Some(&locals),
+        )?;
+        let p = locals.get_item("p")?.expect("p");
+        let x = PyTensor::extract_on_stream(&p, 7)?;
+        assert_eq!(x.ready_stream(), Some(7), "the producer ordered its work before stream 7");
+        drop(x);
+        let x: PyTensor<'_> = p.extract()?;
+        assert_eq!(x.ready_stream(), Some(1), "by default, the legacy default stream");
+        drop(x);
+        let y = PyTensorMut::extract_on_stream(&p, 9)?;
+        assert_eq!(y.ready_stream(), Some(9));
+        drop(y);
+        let streams: Vec<i64> = p.getattr("streams")?.extract()?;
+        assert_eq!(streams, vec![7, 1, 9]);
+
+        // Our own Tensor is borrowed through its exchange table: ready on the
+        // stream that table reports, the legacy default; another stream must wait.
+        let inner = locals.get_item("inner")?.expect("inner");
+        let x: PyTensor<'_> = inner.extract()?;
+        assert_eq!(x.ready_stream(), Some(1));
+        drop(x);
+        assert_eq!(PyTensor::extract_on_stream(&inner, 1)?.ready_stream(), Some(1));
+        if dlbridge::cuda::driver_available().is_err() {
+            let err = PyTensor::extract_on_stream(&inner, 7).err().expect("an event needs the driver");
+            assert!(err.to_string().contains("CUDA is not available"), "{err}");
+        }
+
+        // CPU memory has no streams.
+        let bytes = PyByteArray::new(py, &[1, 2]);
+        let err = PyTensor::extract_on_stream(bytes.as_any(), 7).err().expect("no streams on the CPU");
+        assert!(err.is_instance_of::<pyo3::exceptions::PyValueError>(py), "{err}");
+        assert_eq!(bytes.as_any().extract::<PyTensor<'_>>()?.ready_stream(), None);
         Ok(())
     })
 }

@@ -119,6 +119,12 @@ fn stream_handle(value: i64) -> Handle {
     core::ptr::without_provenance_mut(value as usize)
 }
 
+/// The stream to queue work on for data ready on `ready`: the legacy default
+/// when none is known (`None`, or -1 from a producer told not to synchronise).
+fn queue_on(ready: Option<i64>) -> Handle {
+    stream_handle(ready.filter(|&s| s > 0).unwrap_or(1))
+}
+
 /// Runs `body` with the device's primary context current (the one torch, CuPy
 /// and JAX use), retained once per device for the process.
 fn in_context<T>(device_id: i32, body: impl FnOnce(&Api) -> Result<T, Error>) -> Result<T, Error> {
@@ -291,11 +297,11 @@ fn require_cuda(view: &TensorView<'_>) -> Result<(), Error> {
 pub unsafe fn to_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, pinned: bool) -> Result<Owned<M>, Error> {
     let padded = padded_flags::<M>(view)?;
     if view.device().is_cpu_accessible() {
-        if let (Some(ready), true) = (ready, view.device().device_type.has_streams()) {
+        if ready.is_some() && view.device().device_type.has_streams() {
             // A kernel may still be writing managed memory on that stream.
             in_context(view.device().device_id, |api| {
                 // SAFETY: a stream the caller vouches for.
-                check("cuStreamSynchronize", unsafe { (api.stream_synchronize)(stream_handle(ready)) })
+                check("cuStreamSynchronize", unsafe { (api.stream_synchronize)(queue_on(ready)) })
             })?;
         }
         if !pinned {
@@ -305,7 +311,7 @@ pub unsafe fn to_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, 
         require_cuda(view)?;
     }
     let (start, len, first) = extent(view);
-    let stream = stream_handle(ready.unwrap_or(1));
+    let stream = queue_on(ready);
     let copy_into = |dst: *mut u8| {
         if view.device().is_cpu_accessible() {
             // SAFETY: the view's extent is readable host memory (validated), and
@@ -392,7 +398,7 @@ pub unsafe fn copy_on_device<M: ManagedAbi>(view: &TensorView<'_>, ready: Option
     let buffer = DeviceBuffer::new(device_id, len)?;
     let dst = buffer.ptr;
     if len > 0 {
-        let stream = stream_handle(ready.unwrap_or(1));
+        let stream = queue_on(ready);
         in_context(device_id, |api| {
             // SAFETY: both extents are `len` bytes of device memory (the source by
             // the producer's promise), on the stream the source is ready on.

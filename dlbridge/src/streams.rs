@@ -21,10 +21,11 @@ pub enum SyncPlan {
     },
 }
 
-/// Decides the hand-off of data ready on `ready` (`None`: no pending work) to a
-/// consumer that passed `consumer` (`None`: the legacy default stream, as the
-/// spec says a producer must assume). Stream values are checked for the device
-/// type; ROCm values are checked but never waited on (dlbridge makes no HIP calls).
+/// Decides the hand-off of data ready on `ready` (`None`: no pending work; -1:
+/// unknown, because its producer was asked not to synchronise) to a consumer
+/// that passed `consumer` (`None`: the legacy default stream, as the spec says
+/// a producer must assume). Stream values are checked for the device type;
+/// ROCm values are checked but never waited on (dlbridge makes no HIP calls).
 pub fn plan(device: DeviceType, ready: Option<i64>, consumer: Option<i64>) -> Result<SyncPlan, Error> {
     let Some(default) = device.default_stream() else {
         return match consumer {
@@ -38,7 +39,8 @@ pub fn plan(device: DeviceType, ready: Option<i64>, consumer: Option<i64>) -> Re
     }
     Ok(match ready {
         _ if consumer == -1 || device == DeviceType::ROCM => SyncPlan::Nothing,
-        None => SyncPlan::Nothing,
+        None | Some(-1) => SyncPlan::Nothing,
+        Some(ready) if !device.accepts_stream(ready) => return Err(Error::InvalidStream { device, stream: ready }),
         Some(ready) if ready == consumer => SyncPlan::Nothing,
         Some(ready) => SyncPlan::Wait { ready, consumer },
     })
@@ -56,6 +58,8 @@ mod tests {
         assert_eq!(plan(cuda, Some(7), Some(7)), Ok(SyncPlan::Nothing));
         assert_eq!(plan(cuda, Some(7), Some(-1)), Ok(SyncPlan::Nothing), "-1 asks for no synchronisation");
         assert_eq!(plan(cuda, None, Some(9)), Ok(SyncPlan::Nothing), "no pending work");
+        assert_eq!(plan(cuda, Some(-1), Some(9)), Ok(SyncPlan::Nothing), "unknown: the producer was told not to sync");
+        assert_eq!(plan(cuda, Some(0), Some(9)), Err(Error::InvalidStream { device: cuda, stream: 0 }), "0 is no stream");
         assert_eq!(plan(cuda, Some(1), Some(2)), Ok(SyncPlan::Wait { ready: 1, consumer: 2 }));
         assert_eq!(plan(cuda, Some(1), Some(0)), Err(Error::InvalidStream { device: cuda, stream: 0 }));
         assert_eq!(plan(DeviceType::CUDA_MANAGED, Some(3), Some(4)), Ok(SyncPlan::Wait { ready: 3, consumer: 4 }));

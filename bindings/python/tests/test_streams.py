@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import dlbridge
+from markers import no_driver
 from dlpack_ctypes import FakeProducer
 
 
@@ -92,10 +93,6 @@ def test_cpu_fast_paths_refuse_a_stream_too():
 
 # --- without a CUDA driver (this suite's machines): the hand-off is decided, and refused clearly --
 
-import ctypes.util
-
-no_driver = pytest.mark.skipif(ctypes.util.find_library("cuda") is not None, reason="a CUDA driver is present: the GPU suite covers it")
-
 
 def cuda_tensor(stream=None):
     p = Recorder((2, 0))
@@ -136,13 +133,22 @@ def test_stream_hand_off_and_copies_name_the_missing_driver():
         dlbridge.from_dlpack(Recorder((2, 0)), copy=True)
 
 
-def test_cuda_array_interface_stream_entry_is_kept_and_zero_refused():
-    class Cai:
-        def __init__(self, stream):
-            self.__cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0x10000, False), "version": 3, "strides": None, "stream": stream}
+class Cai:
+    def __init__(self, stream):
+        self.__cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0x10000, False), "version": 3, "strides": None, "stream": stream}
 
-    t = dlbridge.asarray(Cai(7))
-    assert t.device[0] == 2 and t.__cuda_array_interface__["stream"] == 7
+
+def test_cuda_array_interface_stream_entry_is_honoured_and_zero_refused():
+    t = dlbridge.asarray(Cai(1))  # ready on the legacy default stream, which is dlbridge's: no order needed
+    assert t.device[0] == 2 and t.__cuda_array_interface__["stream"] == 1
     assert dlbridge.asarray(Cai(None)).__cuda_array_interface__["stream"] is None
     with pytest.raises(ValueError, match="stream 0"):
         dlbridge.asarray(Cai(0))
+    with pytest.raises(ValueError, match="stream -1 is not a stream"):
+        dlbridge.asarray(Cai(-1))
+
+
+@no_driver
+def test_cuda_array_interface_on_another_stream_is_waited_for():
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        dlbridge.asarray(Cai(7))  # the legacy default stream must wait for stream 7

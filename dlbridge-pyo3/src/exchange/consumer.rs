@@ -17,7 +17,7 @@ use core::cell::RefCell;
 use core::ffi::c_void;
 
 use dlbridge::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI, DLPackExchangeAPIHeader, DLTensor, DLPACK_MAJOR_VERSION};
-use dlbridge::{DataType, DataTypeCode, Device, OwnedTensor};
+use dlbridge::{DataType, DataTypeCode, Device, DeviceType, OwnedTensor};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -235,12 +235,36 @@ fn check_guard(obj: &Bound<'_, PyAny>, guard: Guard, dtype: DataType) -> PyResul
     }
 }
 
-/// Owning import through a producer's table. `Ok(None)` means "use
-/// `__dlpack__` instead": there is no usable function, the table failed (its
-/// error is dropped: `__dlpack__` raises the producer's own), or the tensor
-/// is on a device with streams, where this unsynchronised path would race
-/// with pending work.
-pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<OwnedTensor>> {
+/// The stream a tensor on `device` is ready on when it comes through `table`:
+/// the producer's current work stream, as the header says (NULL on CUDA is the
+/// legacy default, 1). `Ok(None)` for a device without streams; `Err(())` when
+/// the producer cannot say (no function, or it failed), so the caller goes
+/// through `__dlpack__`, which orders the producer's work itself.
+fn ready_stream(obj: &Bound<'_, PyAny>, table: Table, device: Device) -> Result<Option<i64>, ()> {
+    if !device.device_type.has_streams() {
+        return Ok(None);
+    }
+    let query = table.api.current_work_stream.ok_or(())?;
+    let mut stream: *mut c_void = core::ptr::null_mut();
+    // SAFETY: the producer's function with a writable out pointer; the GIL is held.
+    if unsafe { query(device.device_type, device.device_id, &mut stream) } != 0 {
+        let _ = PyErr::take(obj.py());
+        return Err(());
+    }
+    // A stream handle is an opaque number; DLPack hands streams over as integers.
+    let value = stream.addr() as i64;
+    Ok(Some(match value {
+        0 if device.device_type != DeviceType::ROCM => 1,
+        other => other,
+    }))
+}
+
+/// Owning import through a producer's table, with the stream its data is
+/// ready on. `Ok(None)` means "use `__dlpack__` instead": there is no usable
+/// function, the table failed (its error is dropped: `__dlpack__` raises the
+/// producer's own), the producer cannot name its work stream, or the tensor is
+/// on ROCm, where dlbridge cannot make a stream wait.
+pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<(OwnedTensor, Option<i64>)>> {
     let Some(export) = table.api.managed_tensor_from_py_object_no_sync else { return Ok(None) };
     let mut out: *mut DLManagedTensorVersioned = core::ptr::null_mut();
     // SAFETY: the producer's function, called with an object of the type it was
@@ -253,15 +277,19 @@ pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Opt
     // SAFETY: an owning export we now own; `from_raw` validates it and deletes it
     // on error, after which `__dlpack__` gets its chance.
     let Ok(owned) = (unsafe { OwnedTensor::from_raw(out) }) else { return Ok(None) };
-    if owned.view().device().device_type.has_streams() || !check_guard(obj, table.guard, owned.view().dtype())? {
+    let device = owned.view().device();
+    if device.device_type == DeviceType::ROCM || !check_guard(obj, table.guard, owned.view().dtype())? {
         return Ok(None);
     }
-    Ok(Some(owned))
+    let Ok(ready) = ready_stream(obj, table, device) else { return Ok(None) };
+    Ok(Some((owned, ready)))
 }
 
 /// Non-owning fill through a producer's table, for a tensor borrowed during a
-/// call. `Ok(None)` means "import it owned instead", as for [`import_owned`].
-pub(crate) fn fill_borrowed(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<DLTensor>> {
+/// call, with the stream its data is ready on (the producer's current work
+/// stream: launch on it, or make another stream wait on it). `Ok(None)` means
+/// "import it owned instead", as for [`import_owned`].
+pub(crate) fn fill_borrowed(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<(DLTensor, Option<i64>)>> {
     let Some(fill) = table.api.dltensor_from_py_object_no_sync else { return Ok(None) };
     // SAFETY: DLTensor is plain data; the producer fills it.
     let mut out: DLTensor = unsafe { core::mem::zeroed() };
@@ -273,17 +301,6 @@ pub(crate) fn fill_borrowed(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Op
     if !check_guard(obj, table.guard, out.dtype)? {
         return Ok(None);
     }
-    Ok(Some(out))
-}
-
-/// The producer's current stream for `device`, or NULL when it has none to report.
-pub fn work_stream(table: Table, device: Device) -> *mut c_void {
-    let mut stream: *mut c_void = core::ptr::null_mut();
-    if let Some(query) = table.api.current_work_stream {
-        // SAFETY: the producer's function with a writable out pointer.
-        if unsafe { query(device.device_type, device.device_id, &mut stream) } != 0 {
-            return core::ptr::null_mut();
-        }
-    }
-    stream
+    let Ok(ready) = ready_stream(obj, table, out.device) else { return Ok(None) };
+    Ok(Some((out, ready)))
 }

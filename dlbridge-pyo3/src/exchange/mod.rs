@@ -10,7 +10,7 @@ mod consumer;
 mod producer;
 
 pub(crate) use consumer::{fill_borrowed, import_owned, lookup};
-pub use consumer::{work_stream, Table};
+pub use consumer::Table;
 pub(crate) use producer::exchange_api_capsule;
 pub use producer::{EXCHANGE_API, EXCHANGE_API_CAPSULE_NAME};
 #[cfg(feature = "testing")]

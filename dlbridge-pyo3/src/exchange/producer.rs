@@ -1,10 +1,14 @@
 //! dlbridge's exchange-API table: allocation, owning and non-owning export,
-//! import to a `Tensor`, and the current work stream (always NULL: dlbridge
-//! queues no device work).
+//! import to a `Tensor`, and the current work stream.
 //!
 //! `no_sync` in the header's names means the function does not order the
-//! caller's stream after the producer's work; with no device work of ours,
-//! there is nothing to order.
+//! caller's stream after the producer's work: the caller launches on the
+//! stream `current_work_stream` reports. dlbridge has no current stream of its
+//! own, so it reports CUDA's legacy default stream (`CU_STREAM_LEGACY`, 1),
+//! and its `no_sync` exports of a CUDA tensor whose data is ready on another
+//! stream first make the legacy default stream wait for it: an event on the
+//! GPU, never a host synchronisation. For ROCm it reports NULL and orders
+//! nothing (dlbridge makes no HIP calls); CPU memory has no stream (NULL).
 
 use core::ffi::{c_int, c_void, CStr};
 use std::ffi::CString;
@@ -138,6 +142,7 @@ unsafe extern "C" fn managed_from_py_object(object: *mut c_void, out: *mut *mut 
         if out.is_null() {
             return Err(PyValueError::new_err("NULL out pointer"));
         }
+        tensor.get().order_default_stream()?;
         let owned = Tensor::export_versioned(&tensor)?;
         // SAFETY: non-NULL and writable, per the API.
         unsafe { *out = owned.into_raw() };
@@ -169,6 +174,7 @@ unsafe extern "C" fn dltensor_from_py_object(object: *mut c_void, out: *mut DLTe
         if out.is_null() {
             return Err(PyValueError::new_err("NULL out pointer"));
         }
+        tensor.get().order_default_stream()?;
         let (shape, strides) = if view.ndim() == 0 {
             (core::ptr::null_mut(), core::ptr::null_mut())
         } else {
@@ -191,13 +197,20 @@ unsafe extern "C" fn dltensor_from_py_object(object: *mut c_void, out: *mut DLTe
     })
 }
 
-unsafe extern "C" fn current_work_stream(_device_type: DeviceType, _device_id: i32, out: *mut *mut c_void) -> c_int {
+/// `CU_STREAM_LEGACY`, the handle of CUDA's legacy default stream.
+const CUDA_LEGACY_STREAM: usize = 1;
+
+unsafe extern "C" fn current_work_stream(device_type: DeviceType, _device_id: i32, out: *mut *mut c_void) -> c_int {
     count(4);
     if out.is_null() {
         // -1 means "with a Python exception set", as the header says.
         return with_python(|_| Err(PyValueError::new_err("current_work_stream: NULL out pointer")));
     }
-    // SAFETY: non-NULL and writable. dlbridge queues no work on any stream.
-    unsafe { *out = core::ptr::null_mut() };
+    let stream = match device_type {
+        DeviceType::CUDA | DeviceType::CUDA_MANAGED => CUDA_LEGACY_STREAM,
+        _ => 0,
+    };
+    // SAFETY: non-NULL and writable. A stream handle is an opaque number.
+    unsafe { *out = core::ptr::without_provenance_mut(stream) };
     0
 }

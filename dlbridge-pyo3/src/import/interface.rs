@@ -79,7 +79,8 @@ pub fn import_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAn
 
 /// Imports a `__cuda_array_interface__` (versions 0-3) exporter without
 /// touching device memory, with the stream its data is ready on (its `stream`
-/// entry: 0 is refused, absent or None means no pending work). The device id
+/// entry: 0 and negative values are refused, absent or None means no pending
+/// work). The device id
 /// comes from the pointer's attributes when a CUDA driver is present (the
 /// interface carries none), else 0.
 pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<(AnyOwned, Option<i64>)> {
@@ -93,6 +94,11 @@ pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_,
             return Err(PyValueError::new_err(
                 "__cuda_array_interface__ stream 0 is ambiguous and disallowed; use 1 for the legacy default stream",
             ));
+        }
+        if s < 0 {
+            return Err(PyValueError::new_err(format!(
+                "__cuda_array_interface__ stream {s} is not a stream: 1, 2 or a cudaStream_t handle"
+            )));
         }
         ready = Some(s);
     }

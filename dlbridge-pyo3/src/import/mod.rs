@@ -18,6 +18,7 @@ mod interface;
 mod negotiate;
 mod numpy;
 
+use dlbridge::streams::SyncPlan;
 use dlbridge::{to_contiguous, Device, DeviceType, OwnedTensor};
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -95,6 +96,24 @@ fn check_device_id(owned: &AnyOwned) -> PyResult<()> {
     }
 }
 
+/// Makes the consumer's stream (`requested`, or the device's legacy default)
+/// wait for the work pending on the data's `ready` stream, on the GPU, and
+/// returns the stream the data is then ready on. Nothing to do when they are
+/// the same (a producer asked through `__dlpack__` has ordered its work
+/// already), when the caller passed -1, or on ROCm (no HIP calls).
+pub(crate) fn settle(device: Device, ready: Option<i64>, requested: Option<i64>) -> PyResult<Option<i64>> {
+    let plan = dlbridge::streams::plan(device.device_type, ready, requested).py()?;
+    // SAFETY: `ready` came from the producer (its stream value, its table's
+    // current work stream, or its array interface's entry) and `requested`
+    // from the caller: the protocols hand streams over as raw integers
+    // (README, "Raw addresses").
+    unsafe { dlbridge::cuda::carry_out(device, plan) }.py()?;
+    Ok(match plan {
+        SyncPlan::Wait { consumer, .. } => Some(consumer),
+        SyncPlan::Nothing => ready,
+    })
+}
+
 /// Applies `device`, `copy` and `stream` to an imported tensor, marked
 /// aliased: its memory stays reachable through the producer's objects.
 fn finish((mut owned, ready): Imported, options: ImportOptions) -> PyResult<Imported> {
@@ -104,6 +123,7 @@ fn finish((mut owned, ready): Imported, options: ImportOptions) -> PyResult<Impo
         return Err(PyValueError::new_err(format!("stream={stream} was given, but the tensor is on {device}, which has no streams")));
     }
     check_device_id(&owned)?;
+    let ready = settle(device, ready, options.stream)?;
     if let Some(wanted) = options.device {
         if !reaches(device, wanted) {
             if options.copy == Some(false) {
@@ -153,8 +173,8 @@ pub fn from_dlpack_ready(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyRe
         return finish((AnyOwned::Versioned(owned), None), options);
     }
     if let Some(table) = exchange::lookup(obj) {
-        if let Some(owned) = exchange::import_owned(obj, table)? {
-            return finish((AnyOwned::Versioned(owned), None), options);
+        if let Some((owned, ready)) = exchange::import_owned(obj, table)? {
+            return finish((AnyOwned::Versioned(owned), ready), options);
         }
     }
     let (capsule, stream) = match negotiate::request_capsule(obj, options) {
@@ -172,14 +192,13 @@ pub fn from_dlpack_ready(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyRe
 
 /// Imports from anything that exposes DLPack, the buffer protocol,
 /// `__array_interface__` or `__cuda_array_interface__`, tried in that order.
-pub fn import_any(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<AnyOwned> {
-    import_any_ready(obj, copy).map(|(owned, _)| owned)
+pub fn import_any(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<AnyOwned> {
+    import_any_ready(obj, options).map(|(owned, _)| owned)
 }
 
 /// [`import_any`], with the stream the data is ready on.
-pub fn import_any_ready(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Imported> {
+pub fn import_any_ready(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<Imported> {
     let py = obj.py();
-    let options = ImportOptions { copy, ..ImportOptions::default() };
     if obj.cast_exact::<Tensor>().is_ok() || is_capsule(obj) || has_dlpack(obj) {
         return from_dlpack_ready(obj, options);
     }

@@ -104,7 +104,8 @@ pub(crate) fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
 }
 
 /// Calls `__dlpack__` with the array-API negotiation and returns its capsule,
-/// with the stream the producer was asked to make the data ready on.
+/// with the stream the producer was asked to make the data ready on (`None`
+/// when it was asked not to synchronise, with -1).
 pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptions) -> PyResult<(Bound<'py, PyAny>, Option<i64>)> {
     let py = obj.py();
     let stream = producer_stream(obj, options.stream)?;
@@ -139,5 +140,5 @@ pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptio
     if !is_capsule(&capsule) {
         return Err(PyTypeError::new_err(format!("__dlpack__ returned a {}, not a DLPack capsule", type_name(&capsule))));
     }
-    Ok((capsule, stream))
+    Ok((capsule, stream.filter(|&s| s != -1)))
 }

@@ -151,6 +151,18 @@ impl Tensor {
         Self::export::<DLManagedTensorVersioned>(slf, &request)
     }
 
+    /// Makes the legacy default stream wait for this tensor's pending work (an
+    /// event, no host sync): what the exchange API's `no_sync` functions do,
+    /// since they hand out data that `current_work_stream` says is ready on
+    /// that stream. Nothing for memory without streams, or with no pending work.
+    pub(crate) fn order_default_stream(&self) -> PyResult<()> {
+        let device = self.view().device();
+        let plan = dlbridge::streams::plan(device.device_type, self.ready_stream, None).py()?;
+        // SAFETY: the ready stream is the value this tensor's producer was given
+        // or reported; stream values are raw handles by the protocol's design.
+        unsafe { dlbridge::cuda::carry_out(device, plan) }.py()
+    }
+
     /// An owning legacy export sharing this tensor's memory.
     pub(crate) fn export_legacy(slf: &Bound<'_, Self>) -> PyResult<dlbridge::OwnedLegacyTensor> {
         let request = ExportRequest::unsynchronised(slf.get().view().device(), true);

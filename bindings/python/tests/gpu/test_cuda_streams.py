@@ -89,6 +89,67 @@ def test_export_makes_the_consumer_stream_wait_for_the_ready_stream(gpu_sleep, s
     assert waited > SLEEP / 4, "stream C did not wait for the producer on the GPU"
 
 
+def test_torch_is_taken_through_its_exchange_table_and_its_current_stream(gpu_sleep, streams, x, monkeypatch):
+    """torch's C table, not its `__dlpack__`: the data is ready on torch's current stream (A, inside
+    the block), and dlbridge makes B wait for it with an event of its own."""
+    A, B, _ = streams
+
+    def python_path_forbidden(self, *args, **kwargs):
+        raise AssertionError("torch's Python __dlpack__ was called")
+
+    monkeypatch.setattr(torch.Tensor, "__dlpack__", python_path_forbidden)
+    for seconds in ROUNDS:
+        with producer_busy(gpu_sleep, A, x, seconds):
+            t, elapsed = timed(dlbridge.from_dlpack, x, stream=stream_handle(B))
+            unordered = dlbridge.from_dlpack(x, stream=-1)
+        assert t.__cuda_array_interface__["stream"] == stream_handle(B)
+        assert unordered.__cuda_array_interface__["stream"] == stream_handle(A), "-1 leaves it on torch's stream"
+        with torch.cuda.stream(B):
+            z = x.clone()  # on B, straight from torch: only dlbridge's event orders B after A
+        busy = not A.query()
+        B.synchronize()
+        assert torch.all(z == VALUE).item(), f"stream B read before the producer finished ({seconds} s)"
+    assert busy and elapsed < FAST, "the table import synchronised on the host"
+
+
+def test_our_no_sync_exports_leave_data_ready_on_the_stream_our_table_reports(gpu_sleep, streams, x):
+    """dlbridge's table says its current work stream is the legacy default one; a consumer that
+    takes a tensor through the no_sync export and launches there must read the final values."""
+    import ctypes
+
+    from dlbridge._check import abi
+
+    A, B, _ = streams
+    api = abi.ExchangeAPI.from_address(abi.capsule_pointer(dlbridge.Tensor.__dlpack_c_exchange_api__))
+    for seconds in ROUNDS:
+        with producer_busy(gpu_sleep, A, x, seconds):
+            t = dlbridge.from_dlpack(x, stream=stream_handle(B))  # ready on B, which waits for A
+        out, stream = ctypes.c_void_p(), ctypes.c_void_p()
+        assert abi.STREAM(api.current_work_stream)(CUDA, x.device.index, ctypes.byref(stream)) == 0
+        assert stream.value == 1, "the legacy default stream"
+        (_, elapsed) = timed(abi.FROM_PY(api.managed_tensor_from_py_object_no_sync), t, ctypes.byref(out))
+        managed = abi.DLManagedTensorVersioned.from_address(out.value)
+        assert managed.dl_tensor.data == x.data_ptr()
+        with torch.cuda.stream(torch.cuda.default_stream()):
+            z = x.clone()  # on the legacy default stream, which pool streams do not otherwise wait for
+        busy = not A.query()
+        torch.cuda.synchronize()
+        ctypes.CFUNCTYPE(None, ctypes.c_void_p)(managed.deleter)(out.value)
+        assert torch.all(z == VALUE).item(), f"the legacy default stream read too early ({seconds} s)"
+    assert busy and elapsed < FAST, "the no_sync export synchronised on the host"
+
+
+def test_tvm_ffi_takes_our_cuda_tensor_through_our_table(streams, x):
+    tvm_ffi = pytest.importorskip("tvm_ffi")
+    _, B, _ = streams
+    x.fill_(VALUE)
+    t = dlbridge.from_dlpack(x, stream=stream_handle(B))
+    v = tvm_ffi.from_dlpack(t)
+    assert torch.from_dlpack(v).data_ptr() == x.data_ptr()
+    torch.cuda.synchronize()
+    assert torch.all(torch.from_dlpack(v) == VALUE).item()
+
+
 def test_stream_minus_one_adds_no_wait(gpu_sleep, streams, x):
     A, B, C = streams
     for seconds in ROUNDS:

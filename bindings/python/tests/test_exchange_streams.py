@@ -1,0 +1,178 @@
+"""Streams through the C exchange API, both ways, without a GPU.
+
+As consumer: a producer whose table hands out "CUDA" tensors (host memory labelled CUDA, which
+dlbridge carries without touching) and reports a current work stream. dlbridge must take the data as
+ready on that stream, order a stream the caller names after it, and go through `__dlpack__` when
+the producer cannot name its stream or the tensor is on ROCm. As producer: dlbridge's table reports
+CUDA's legacy default stream, and its no_sync exports first make that stream wait for pending work.
+
+Where an order is needed on this CPU machine, the missing driver is the expected answer: the test
+proves an event was asked for, and the GPU suite proves it is the right one."""
+
+import ctypes
+
+import pytest
+
+import dlbridge
+from dlbridge._check import abi
+from markers import no_driver
+from dlpack_ctypes import FakeProducer
+
+_KEEP = []
+
+
+def table_producer(device=(2, 0), work_stream=0x5000, has_stream_function=True):
+    """A class whose table exports a fresh fake tensor on `device` and reports `work_stream`;
+    its `__dlpack__` records the stream it was given."""
+    calls = {"table": 0, "dunder": [], "stream_queries": []}
+
+    @abi.FROM_PY
+    def from_py(obj, out):
+        fake = FakeProducer()
+        fake.tensor.device.device_type, fake.tensor.device.device_id = device
+        _KEEP.append(fake)
+        calls["table"] += 1
+        out[0] = ctypes.addressof(fake.managed)
+        return 0
+
+    @abi.STREAM
+    def current_work_stream(device_type, device_id, out):
+        calls["stream_queries"].append((device_type, device_id))
+        out[0] = work_stream
+        return 0
+
+    table = abi.ExchangeAPI()
+    table.header.version = abi.DLPackVersion(1, 3)
+    table.managed_tensor_from_py_object_no_sync = ctypes.cast(from_py, ctypes.c_void_p).value
+    if has_stream_function:
+        table.current_work_stream = ctypes.cast(current_work_stream, ctypes.c_void_p).value
+    _KEEP.extend([from_py, current_work_stream, table])
+    capsule = abi.api.PyCapsule_New(ctypes.addressof(table), ctypes.addressof(abi.static_name("dlpack_exchange_api")), None)
+
+    class Producer:
+        __dlpack_c_exchange_api__ = capsule
+
+        def __dlpack_device__(self):
+            return device
+
+        def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+            calls["dunder"].append(stream)
+            fake = FakeProducer()
+            fake.tensor.device.device_type, fake.tensor.device.device_id = device
+            _KEEP.append(fake)
+            return fake.capsule()
+
+    return Producer(), calls
+
+
+def ready_stream(tensor):
+    return tensor.__cuda_array_interface__["stream"]
+
+
+def test_a_table_import_asks_the_producers_work_stream():
+    x, calls = table_producer(work_stream=0x5000)
+    t = dlbridge.from_dlpack(x, stream=-1)  # -1: no order, so the data stays on the producer's stream
+    assert calls["table"] == 1 and calls["dunder"] == [], "the table was used, not __dlpack__"
+    assert calls["stream_queries"] == [(2, 0)]
+    assert ready_stream(t) == 0x5000
+
+
+def test_a_null_work_stream_on_cuda_is_the_legacy_default():
+    x, _ = table_producer(work_stream=0)
+    assert ready_stream(dlbridge.from_dlpack(x)) == 1, "ready on 1, which is dlbridge's default: no order"
+    assert ready_stream(dlbridge.from_dlpack(x, stream=1)) == 1
+
+
+def test_no_order_is_needed_for_the_producers_own_stream():
+    x, _ = table_producer(work_stream=0x5000)
+    assert ready_stream(dlbridge.from_dlpack(x, stream=0x5000)) == 0x5000
+
+
+@no_driver
+def test_another_stream_is_made_to_wait_which_needs_the_driver():
+    x, calls = table_producer(work_stream=0x5000)
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        dlbridge.from_dlpack(x, stream=9)
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        dlbridge.from_dlpack(x)  # the legacy default stream must wait for 0x5000
+    assert calls["dunder"] == [], "the order is made here, not by asking __dlpack__ again"
+
+
+def test_invalid_streams_are_refused_on_the_table_path_too():
+    x, _ = table_producer()
+    with pytest.raises(ValueError):
+        dlbridge.from_dlpack(x, stream=0)
+
+
+def test_a_table_without_current_work_stream_falls_back_to_dunder_dlpack():
+    x, calls = table_producer(has_stream_function=False)
+    t = dlbridge.from_dlpack(x, stream=7)
+    assert calls["dunder"] == [7]
+    assert ready_stream(t) == 7
+
+
+def test_rocm_tensors_go_through_dunder_dlpack():
+    x, calls = table_producer(device=(10, 0))
+    dlbridge.from_dlpack(x)
+    assert calls["dunder"] == [0], "ROCm's default stream, passed to the producer, which orders its own work"
+
+
+def test_cpu_tensors_from_a_table_ask_no_stream():
+    x, calls = table_producer(device=(1, 0))
+    t = dlbridge.from_dlpack(x)
+    assert calls["table"] == 1 and calls["stream_queries"] == []
+    assert t.device == (1, 0)
+
+
+# --- dlbridge as producer ------------------------------------------------------------------------
+
+def our_table():
+    capsule = dlbridge.Tensor.__dlpack_c_exchange_api__
+    return abi.ExchangeAPI.from_address(abi.capsule_pointer(capsule))
+
+
+@pytest.mark.parametrize("device, expected", [((2, 0), 1), ((13, 1), 1), ((1, 0), None), ((10, 0), None), ((3, 0), None)])
+def test_our_current_work_stream(device, expected):
+    out = ctypes.c_void_p()
+    assert abi.STREAM(our_table().current_work_stream)(*device, ctypes.byref(out)) == 0
+    assert out.value == expected
+
+
+def cuda_tensor_ready_on(stream):
+    x, _ = table_producer(work_stream=stream)
+    return dlbridge.from_dlpack(x, stream=-1)
+
+
+def test_our_no_sync_export_of_data_on_the_default_stream_needs_no_order():
+    t = cuda_tensor_ready_on(0)  # ready on the legacy default stream
+    out = ctypes.c_void_p()
+    assert abi.FROM_PY(our_table().managed_tensor_from_py_object_no_sync)(t, ctypes.byref(out)) == 0
+    managed = abi.DLManagedTensorVersioned.from_address(out.value)
+    assert managed.dl_tensor.device.device_type == 2
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(managed.deleter)(out.value)
+
+
+@no_driver
+def test_our_no_sync_exports_order_the_default_stream_after_pending_work():
+    t = cuda_tensor_ready_on(0x5000)
+    api = our_table()
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        abi.FROM_PY(api.managed_tensor_from_py_object_no_sync)(t, ctypes.byref(ctypes.c_void_p()))
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        abi.DLTENSOR_FROM_PY(api.dltensor_from_py_object_no_sync)(t, ctypes.byref(abi.DLTensor()))
+
+
+def test_dunder_dlpack_with_minus_one_leaves_no_ready_stream():
+    class Recorder:
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, **kwargs):
+            fake = FakeProducer()
+            fake.tensor.device.device_type = 2
+            _KEEP.append(fake)
+            return fake.capsule()
+
+    t = dlbridge.from_dlpack(Recorder(), stream=-1)
+    assert ready_stream(t) is None, "the producer was told not to synchronise: nothing is known, nothing to wait for"
+    t.__dlpack__(stream=5)  # so no event is asked for, and no driver needed
