@@ -17,7 +17,8 @@ use crate::capsule::AnyOwned;
 use crate::convert::type_name;
 use crate::errors::IntoPyResult;
 use crate::exchange;
-use crate::import::{from_dlpack, import_any_ready, settle, ImportOptions};
+use crate::import::{from_dlpack, import_for_extension, settle, ImportOptions};
+use crate::tensor::Tensor;
 use crate::writability::Writability;
 
 /// A read-only argument that accepts any producer's tensor: DLPack objects and
@@ -63,10 +64,11 @@ impl<'py> PyTensor<'py> {
         &self.source
     }
 
-    /// For device memory, the stream the data is ready on: the one passed to
-    /// [`extract_on_stream`](Self::extract_on_stream); else the producer's
-    /// current work stream (exchange API) or the legacy default stream, 1 on
-    /// CUDA (`__dlpack__`). `None` when no work is pending, as on the CPU.
+    /// For device memory, the stream the data is ready on, where to launch work
+    /// on it: the one passed to [`extract_on_stream`](Self::extract_on_stream);
+    /// else the producer's current work stream (exchange API), a dlbridge
+    /// `Tensor`'s own, or the legacy default stream, 1 on CUDA (`__dlpack__`).
+    /// `None` when no work is pending, as on the CPU, or after a stream of -1.
     pub fn ready_stream(&self) -> Option<i64> {
         self.ready
     }
@@ -104,24 +106,32 @@ impl<'py> PyTensor<'py> {
 impl<'py> PyTensor<'py> {
     fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<i64>) -> PyResult<Self> {
         let source = obj.clone();
-        if let Some(table) = exchange::lookup(&source) {
-            if let Some((dl, ready)) = exchange::fill_borrowed(&source, table)? {
-                // SAFETY: the fill points into the source's memory, which `source`
-                // keeps alive for as long as this PyTensor; the view never outlives
-                // it. A fill that does not validate is left for the owned import.
-                let view = unsafe { TensorView::from_dltensor(&dl, false) };
-                // On ROCm only `__dlpack__` can order the producer's work before a stream.
-                let orderable = stream.is_none() || dl.device.device_type != DeviceType::ROCM;
-                if let (Ok(view), true) = (view, orderable) {
-                    // Unless asked, the data stays on the producer's work stream,
-                    // where the header says a borrower launches its kernels.
-                    let ready = if stream.is_some() { settle(view.device(), ready, stream)? } else { ready };
-                    let borrow = acquire(&view, false)?;
-                    return Ok(PyTensor { held: Held::Borrowed(view), source, ready, _borrow: borrow });
-                }
+        // A borrow without an export: our own Tensor directly, else through the
+        // producer's table.
+        let borrowed = if let Ok(tensor) = source.cast_exact::<Tensor>() {
+            let tensor = tensor.get();
+            Some((tensor.borrowed_dltensor(), tensor.ready_stream(), tensor.view().is_subbyte_padded()))
+        } else if let Some(table) = exchange::lookup(&source) {
+            exchange::fill_borrowed(&source, table)?.map(|(dl, ready)| (dl, ready, false))
+        } else {
+            None
+        };
+        if let Some((dl, ready, padded)) = borrowed {
+            // SAFETY: the DLTensor points into the source's memory, which `source`
+            // keeps alive for as long as this PyTensor; the view never outlives it.
+            // One that does not validate is left for the owned import.
+            let view = unsafe { TensorView::from_dltensor(&dl, padded) };
+            // On ROCm only `__dlpack__` can order the producer's work before a stream.
+            let orderable = stream.is_none() || dl.device.device_type != DeviceType::ROCM;
+            if let (Ok(view), true) = (view, orderable) {
+                // Unless asked, the data stays on the producer's stream, where the
+                // header says a borrower launches its kernels.
+                let ready = if stream.is_some() { settle(view.device(), ready, stream)? } else { ready };
+                let borrow = acquire(&view, false)?;
+                return Ok(PyTensor { held: Held::Borrowed(view), source, ready, _borrow: borrow });
             }
         }
-        let (owned, ready) = import_any_ready(&source, ImportOptions { stream, ..ImportOptions::default() })?;
+        let (owned, ready) = import_for_extension(&source, stream)?;
         let borrow = acquire(owned.view(), false)?;
         Ok(PyTensor { held: Held::Owned(owned), source, ready, _borrow: borrow })
     }
@@ -196,7 +206,7 @@ impl<'py> PyTensorMut<'py> {
 
     fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<i64>) -> PyResult<Self> {
         let source = obj.clone();
-        let (owned, ready) = import_any_ready(&source, ImportOptions { stream, ..ImportOptions::default() })?;
+        let (owned, ready) = import_for_extension(&source, stream)?;
         let refusal = match Writability::of(&owned) {
             Writability::Writable => None,
             Writability::ReadOnly => Some("its producer marked it read-only"),

@@ -78,13 +78,13 @@ fn imports_from_python_cannot_be_written_without_an_exclusive_borrow() {
 }
 
 /// A dlbridge `Tensor` over host memory labelled `cuda:0`: carried, never read.
-fn cuda_labelled_tensor(py: Python<'_>) -> PyResult<Bound<'_, Tensor>> {
+fn cuda_labelled_tensor() -> PyResult<Tensor> {
     let data = vec![0f32; 4];
     let ptr = data.as_ptr().cast_mut().cast();
     let layout = dlbridge::export::RawLayout { dtype: DataType::FLOAT32, device: dlbridge::Device::cuda(0), shape: &[4], strides: None, byte_offset: 0 };
     // SAFETY: the Vec owns the bytes for as long as the tensor lives (moving it keeps its heap buffer).
     let owned: dlbridge::OwnedTensor = unsafe { dlbridge::export::export_raw(data, ptr, layout, 0) }.map_err(dlbridge_pyo3::to_py_err)?;
-    Bound::new(py, Tensor::new(owned))
+    Ok(Tensor::new(owned))
 }
 
 #[test]
@@ -92,7 +92,7 @@ fn an_extension_extracts_a_tensor_on_its_own_stream() {
     with_python(|py| {
         let module = PyModule::new(py, "dlbridge_embedded")?;
         register(&module)?;
-        let locals = [("inner", cuda_labelled_tensor(py)?.into_any())].into_py_dict(py)?;
+        let locals = [("inner", Bound::new(py, cuda_labelled_tensor()?)?.into_any())].into_py_dict(py)?;
         py.run(
             c"class Producer:\n    def __init__(self, inner):\n        self.inner, self.streams = inner, []\n    def __dlpack_device__(self):\n        return (2, 0)\n    def __dlpack__(self, stream=None, **kw):\n        self.streams.append(stream)\n        return self.inner.__dlpack__(stream=-1, max_version=(1, 3))\np = Producer(inner)\n",
             None,
@@ -111,17 +111,19 @@ fn an_extension_extracts_a_tensor_on_its_own_stream() {
         let streams: Vec<i64> = p.getattr("streams")?.extract()?;
         assert_eq!(streams, vec![7, 1, 9]);
 
-        // Our own Tensor is borrowed through its exchange table: ready on the
-        // stream that table reports, the legacy default; another stream must wait.
-        let inner = locals.get_item("inner")?.expect("inner");
-        let x: PyTensor<'_> = inner.extract()?;
-        assert_eq!(x.ready_stream(), Some(1));
-        drop(x);
-        assert_eq!(PyTensor::extract_on_stream(&inner, 1)?.ready_stream(), Some(1));
+        // Our own Tensor is borrowed directly, its ready stream kept unless
+        // another is asked for, which must then wait for it.
+        let ours = Bound::new(py, cuda_labelled_tensor()?.with_ready_stream(Some(5)))?;
+        assert_eq!(ours.extract::<PyTensor<'_>>()?.ready_stream(), Some(5));
+        assert_eq!(PyTensor::extract_on_stream(ours.as_any(), 5)?.ready_stream(), Some(5));
+        assert_eq!(PyTensor::extract_on_stream(ours.as_any(), -1)?.ready_stream(), None);
         if dlbridge::cuda::driver_available().is_err() {
-            let err = PyTensor::extract_on_stream(&inner, 7).err().expect("an event needs the driver");
+            let err = PyTensor::extract_on_stream(ours.as_any(), 7).err().expect("an event needs the driver");
             assert!(err.to_string().contains("CUDA is not available"), "{err}");
         }
+        let inner = locals.get_item("inner")?.expect("inner");
+        assert_eq!(inner.extract::<PyTensor<'_>>()?.ready_stream(), None, "no pending work");
+        assert_eq!(PyTensor::extract_on_stream(&inner, 7)?.ready_stream(), None, "nothing to wait for");
 
         // CPU memory has no streams.
         let bytes = PyByteArray::new(py, &[1, 2]);

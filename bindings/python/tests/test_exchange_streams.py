@@ -71,21 +71,23 @@ def ready_stream(tensor):
 
 def test_a_table_import_asks_the_producers_work_stream():
     x, calls = table_producer(work_stream=0x5000)
-    t = dlbridge.from_dlpack(x, stream=-1)  # -1: no order, so the data stays on the producer's stream
+    t = dlbridge.from_dlpack(x, stream=0x5000)  # the producer's own stream: nothing to order
     assert calls["table"] == 1 and calls["dunder"] == [], "the table was used, not __dlpack__"
     assert calls["stream_queries"] == [(2, 0)]
     assert ready_stream(t) == 0x5000
+
+
+def test_minus_one_orders_nothing_and_keeps_no_stream():
+    x, calls = table_producer(work_stream=0x5000)
+    t = dlbridge.from_dlpack(x, stream=-1)
+    assert calls["table"] == 1 and calls["stream_queries"] == [(2, 0)]
+    assert ready_stream(t) is None, "the caller took ordering on itself; the producer's stream may not outlive t"
 
 
 def test_a_null_work_stream_on_cuda_is_the_legacy_default():
     x, _ = table_producer(work_stream=0)
     assert ready_stream(dlbridge.from_dlpack(x)) == 1, "ready on 1, which is dlbridge's default: no order"
     assert ready_stream(dlbridge.from_dlpack(x, stream=1)) == 1
-
-
-def test_no_order_is_needed_for_the_producers_own_stream():
-    x, _ = table_producer(work_stream=0x5000)
-    assert ready_stream(dlbridge.from_dlpack(x, stream=0x5000)) == 0x5000
 
 
 @no_driver
@@ -99,9 +101,10 @@ def test_another_stream_is_made_to_wait_which_needs_the_driver():
 
 
 def test_invalid_streams_are_refused_on_the_table_path_too():
-    x, _ = table_producer()
-    with pytest.raises(ValueError):
+    x, calls = table_producer()
+    with pytest.raises(ValueError, match="stream 0"):
         dlbridge.from_dlpack(x, stream=0)
+    assert calls["table"] == 1 and calls["dunder"] == []
 
 
 def test_a_table_without_current_work_stream_falls_back_to_dunder_dlpack():
@@ -139,8 +142,9 @@ def test_our_current_work_stream(device, expected):
 
 
 def cuda_tensor_ready_on(stream):
+    """A dlbridge tensor whose data is ready on `stream` (0: the legacy default), made with no driver."""
     x, _ = table_producer(work_stream=stream)
-    return dlbridge.from_dlpack(x, stream=-1)
+    return dlbridge.from_dlpack(x, stream=stream or 1)
 
 
 def test_our_no_sync_export_of_data_on_the_default_stream_needs_no_order():
@@ -176,3 +180,27 @@ def test_dunder_dlpack_with_minus_one_leaves_no_ready_stream():
     t = dlbridge.from_dlpack(Recorder(), stream=-1)
     assert ready_stream(t) is None, "the producer was told not to synchronise: nothing is known, nothing to wait for"
     t.__dlpack__(stream=5)  # so no event is asked for, and no driver needed
+
+
+class KeywordlessProducer:
+    """A CUDA producer from before the stream keyword: it orders its work before the legacy default
+    stream, which is what a producer asked with no stream assumes."""
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self):
+        fake = FakeProducer(versioned=False)
+        fake.tensor.device.device_type = 2
+        _KEEP.append(fake)
+        return fake.capsule()
+
+
+def test_a_producer_asked_without_keywords_is_ready_on_the_legacy_default():
+    assert ready_stream(dlbridge.from_dlpack(KeywordlessProducer())) == 1
+
+
+@no_driver
+def test_a_producer_asked_without_keywords_is_ordered_before_the_callers_stream():
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        dlbridge.from_dlpack(KeywordlessProducer(), stream=7)  # 7 must wait for the legacy default stream

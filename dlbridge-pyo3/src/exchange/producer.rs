@@ -170,29 +170,13 @@ unsafe extern "C" fn dltensor_from_py_object(object: *mut c_void, out: *mut DLTe
     count(3);
     with_python(|py| {
         let tensor = our_tensor(py, object)?;
-        let view = tensor.get().view();
         if out.is_null() {
             return Err(PyValueError::new_err("NULL out pointer"));
         }
         tensor.get().order_default_stream()?;
-        let (shape, strides) = if view.ndim() == 0 {
-            (core::ptr::null_mut(), core::ptr::null_mut())
-        } else {
-            (view.shape().as_ptr().cast_mut(), view.strides().as_ptr().cast_mut())
-        };
-        // SAFETY: `out` is non-NULL and writable. The pointers stay valid while the
+        // SAFETY: `out` is non-NULL and writable. Its pointers stay valid while the
         // tensor object lives, which the caller guarantees until control returns.
-        unsafe {
-            *out = DLTensor {
-                data: if view.is_empty() { core::ptr::null_mut() } else { view.as_ptr().cast_mut() },
-                device: view.device(),
-                ndim: view.ndim() as i32,
-                dtype: view.dtype(),
-                shape,
-                strides,
-                byte_offset: 0,
-            };
-        }
+        unsafe { *out = tensor.get().borrowed_dltensor() };
         Ok(())
     })
 }

@@ -100,7 +100,8 @@ fn check_device_id(owned: &AnyOwned) -> PyResult<()> {
 /// wait for the work pending on the data's `ready` stream, on the GPU, and
 /// returns the stream the data is then ready on. Nothing to do when they are
 /// the same (a producer asked through `__dlpack__` has ordered its work
-/// already), when the caller passed -1, or on ROCm (no HIP calls).
+/// already), or on ROCm (no HIP calls); when the caller passed -1, nothing is
+/// ordered and no stream is kept (the producer's may not outlive the tensor).
 pub(crate) fn settle(device: Device, ready: Option<i64>, requested: Option<i64>) -> PyResult<Option<i64>> {
     let plan = dlbridge::streams::plan(device.device_type, ready, requested).py()?;
     // SAFETY: `ready` came from the producer (its stream value, its table's
@@ -110,20 +111,34 @@ pub(crate) fn settle(device: Device, ready: Option<i64>, requested: Option<i64>)
     unsafe { dlbridge::cuda::carry_out(device, plan) }.py()?;
     Ok(match plan {
         SyncPlan::Wait { consumer, .. } => Some(consumer),
+        SyncPlan::Nothing if requested == Some(-1) => None,
         SyncPlan::Nothing => ready,
     })
 }
 
+/// Which stream an import's data must end up ready on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ReadyOn {
+    /// The consumer's: the stream named, else the legacy default (`from_dlpack`, `asarray`).
+    Consumer,
+    /// The producer's, unless a stream is named: extension arguments, which
+    /// launch their work where the data is ready.
+    Producer,
+}
+
 /// Applies `device`, `copy` and `stream` to an imported tensor, marked
 /// aliased: its memory stays reachable through the producer's objects.
-fn finish((mut owned, ready): Imported, options: ImportOptions) -> PyResult<Imported> {
+fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
     owned.mark_aliased();
     let device = owned.view().device();
     if let Some(stream) = options.stream.filter(|_| !device.device_type.has_streams()) {
         return Err(PyValueError::new_err(format!("stream={stream} was given, but the tensor is on {device}, which has no streams")));
     }
     check_device_id(&owned)?;
-    let ready = settle(device, ready, options.stream)?;
+    let ready = match (ready_on, options.stream) {
+        (ReadyOn::Producer, None) => ready,
+        _ => settle(device, ready, options.stream)?,
+    };
     if let Some(wanted) = options.device {
         if !reaches(device, wanted) {
             if options.copy == Some(false) {
@@ -163,6 +178,11 @@ pub fn from_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<A
 
 /// [`from_dlpack`], with the stream the data is ready on.
 pub fn from_dlpack_ready(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<Imported> {
+    import_dlpack(obj, options, ReadyOn::Consumer)
+}
+
+fn import_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
+    let finish = |imported, options| finish(imported, options, ready_on);
     if let Ok(tensor) = obj.cast_exact::<Tensor>() {
         return finish((Tensor::share(tensor)?, tensor.get().ready_stream()), options);
     }
@@ -198,9 +218,19 @@ pub fn import_any(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<An
 
 /// [`import_any`], with the stream the data is ready on.
 pub fn import_any_ready(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyResult<Imported> {
+    import_anything(obj, options, ReadyOn::Consumer)
+}
+
+/// [`import_any_ready`] for an extension's argument: with no stream named, the
+/// data stays ready on the producer's stream (see [`crate::PyTensor::ready_stream`]).
+pub(crate) fn import_for_extension(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyResult<Imported> {
+    import_anything(obj, ImportOptions { stream, ..ImportOptions::default() }, ReadyOn::Producer)
+}
+
+fn import_anything(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
     let py = obj.py();
     if obj.cast_exact::<Tensor>().is_ok() || is_capsule(obj) || has_dlpack(obj) {
-        return from_dlpack_ready(obj, options);
+        return import_dlpack(obj, options, ready_on);
     }
     // SAFETY: a type-slot check on a live object.
     let imported = if unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1 {
@@ -215,7 +245,7 @@ pub fn import_any_ready(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyRes
             type_name(obj)
         )));
     };
-    finish(imported, options)
+    finish(imported, options, ready_on)
 }
 
 fn optional_attr<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, PyAny>>> {

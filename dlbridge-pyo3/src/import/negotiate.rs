@@ -69,15 +69,18 @@ fn call_dlpack<'py>(obj: &Bound<'py, PyAny>, versioned: bool, stream: Option<i64
 
 /// The `stream` to pass to `obj`'s `__dlpack__`: none for a producer on a
 /// device without streams (where a caller's stream is a ValueError), else the
-/// caller's or the device's legacy default, checked by the spec's rules. A
-/// producer whose `__dlpack_device__` fails is asked without one.
-fn producer_stream(obj: &Bound<'_, PyAny>, requested: Option<i64>) -> PyResult<Option<i64>> {
+/// caller's or the device's legacy default, checked by the spec's rules; with
+/// that default, which a producer asked with no stream assumes. A producer
+/// whose `__dlpack_device__` fails is asked with the caller's stream only.
+fn producer_stream(obj: &Bound<'_, PyAny>, requested: Option<i64>) -> PyResult<Option<(i64, Option<i64>)>> {
     let py = obj.py();
     let Ok(device) = obj.call_method0(intern!(py, "__dlpack_device__")) else {
         let _ = PyErr::take(py);
-        return Ok(requested);
+        return Ok(requested.map(|s| (s, None)));
     };
-    let Ok(device) = crate::convert::parse_device_tuple(&device, "__dlpack_device__()") else { return Ok(requested) };
+    let Ok(device) = crate::convert::parse_device_tuple(&device, "__dlpack_device__()") else {
+        return Ok(requested.map(|s| (s, None)));
+    };
     let Some(default) = device.device_type.default_stream() else {
         return match requested {
             None => Ok(None),
@@ -88,7 +91,7 @@ fn producer_stream(obj: &Bound<'_, PyAny>, requested: Option<i64>) -> PyResult<O
     if !device.device_type.accepts_stream(stream) {
         return Err(PyValueError::new_err(format!("stream {stream} is not valid for a tensor on {device}")));
     }
-    Ok(Some(stream))
+    Ok(Some((stream, Some(default))))
 }
 
 /// Turns a failed `__dlpack__` lookup into the TypeError that `from_dlpack` raises.
@@ -108,7 +111,13 @@ pub(crate) fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
 /// when it was asked not to synchronise, with -1).
 pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptions) -> PyResult<(Bound<'py, PyAny>, Option<i64>)> {
     let py = obj.py();
-    let stream = producer_stream(obj, options.stream)?;
+    let (stream, default) = match producer_stream(obj, options.stream)? {
+        Some((stream, default)) => (Some(stream), default),
+        None => (None, None),
+    };
+    // The stream the producer orders its work before: the one it was given,
+    // or, asked with no keywords at all, the default it assumes.
+    let mut ready = stream;
     let is_type_error = |attempt: &PyResult<Bound<'py, PyAny>>| matches!(attempt, Err(err) if err.is_instance_of::<PyTypeError>(py));
     let mut attempt = call_dlpack(obj, true, stream, options);
     if (options.device.is_some() || options.copy.is_some()) && is_type_error(&attempt) {
@@ -126,6 +135,7 @@ pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptio
             // A producer that predates max_version: retry with no keywords.
             // Early-draft producers land here too and return their legacy
             // capsule, the only ABI of the draft whose layout is certain.
+            ready = default;
             obj.call_method0(intern!(py, "__dlpack__")).map_err(|retry_err| {
                 if retry_err.is_instance_of::<PyAttributeError>(py) && !has_dlpack(obj) {
                     no_dlpack(obj)
@@ -140,5 +150,5 @@ pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptio
     if !is_capsule(&capsule) {
         return Err(PyTypeError::new_err(format!("__dlpack__ returned a {}, not a DLPack capsule", type_name(&capsule))));
     }
-    Ok((capsule, stream.filter(|&s| s != -1)))
+    Ok((capsule, ready.filter(|&s| s != -1)))
 }

@@ -7,7 +7,7 @@
 //! keyword names matched by identity, which PyO3's generic parser cannot offer.
 
 use dlbridge::export::export_view;
-use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED};
+use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor, DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED};
 use dlbridge::{to_contiguous, Device, DeviceType, ManagedAbi, Owned, OwnedTensor};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::impl_::trampoline::{fastcall_cfunction_with_keywords, MethodDef};
@@ -154,13 +154,40 @@ impl Tensor {
     /// Makes the legacy default stream wait for this tensor's pending work (an
     /// event, no host sync): what the exchange API's `no_sync` functions do,
     /// since they hand out data that `current_work_stream` says is ready on
-    /// that stream. Nothing for memory without streams, or with no pending work.
+    /// that stream. Once per tensor: its ready stream never changes. Nothing for
+    /// memory without streams, or with no pending work.
     pub(crate) fn order_default_stream(&self) -> PyResult<()> {
+        use core::sync::atomic::Ordering;
+        if self.default_ordered.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         let device = self.view().device();
         let plan = dlbridge::streams::plan(device.device_type, self.ready_stream, None).py()?;
         // SAFETY: the ready stream is the value this tensor's producer was given
         // or reported; stream values are raw handles by the protocol's design.
-        unsafe { dlbridge::cuda::carry_out(device, plan) }.py()
+        unsafe { dlbridge::cuda::carry_out(device, plan) }.py()?;
+        self.default_ordered.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A non-owning DLTensor of this tensor's memory, shape and strides, valid
+    /// while the tensor lives.
+    pub(crate) fn borrowed_dltensor(&self) -> DLTensor {
+        let view = self.view();
+        let (shape, strides) = if view.ndim() == 0 {
+            (core::ptr::null_mut(), core::ptr::null_mut())
+        } else {
+            (view.shape().as_ptr().cast_mut(), view.strides().as_ptr().cast_mut())
+        };
+        DLTensor {
+            data: if view.is_empty() { core::ptr::null_mut() } else { view.as_ptr().cast_mut() },
+            device: view.device(),
+            ndim: view.ndim() as i32,
+            dtype: view.dtype(),
+            shape,
+            strides,
+            byte_offset: 0,
+        }
     }
 
     /// An owning legacy export sharing this tensor's memory.

@@ -47,6 +47,9 @@ pub struct Tensor {
     /// For device memory, the stream its data is ready on (the one its producer
     /// was asked to order its work before); `None`: no pending work.
     ready_stream: Option<i64>,
+    /// Whether the legacy default stream has been made to wait for `ready_stream`
+    /// (by an exchange-API export), so the next one need not again.
+    default_ordered: core::sync::atomic::AtomicBool,
 }
 
 impl Tensor {
@@ -55,7 +58,7 @@ impl Tensor {
     pub fn new(owned: impl Into<AnyOwned>) -> Self {
         let owned = owned.into();
         let writability = Writability::of(&owned);
-        Tensor { owned: ExceptionSafe::new(owned), writability, origin: None, ready_stream: None }
+        Tensor { owned: ExceptionSafe::new(owned), writability, origin: None, ready_stream: None, default_ordered: Default::default() }
     }
 
     /// Wraps an owned tensor with at most the writability `requested`: a
@@ -65,7 +68,7 @@ impl Tensor {
             Writability::Writable => requested,
             own => own,
         };
-        Tensor { owned: ExceptionSafe::new(owned), writability, origin: None, ready_stream: None }
+        Tensor { owned: ExceptionSafe::new(owned), writability, origin: None, ready_stream: None, default_ordered: Default::default() }
     }
 
     /// A writable row-major tensor over a `Vec`, without copying.
@@ -89,9 +92,10 @@ impl Tensor {
         !self.writability.is_writable()
     }
 
-    /// The same tensor, with its data ready on `stream` (device memory only).
+    /// The same tensor, with its data ready on `stream` (device memory only;
+    /// -1, "not ordered", leaves no stream to wait for).
     pub fn with_ready_stream(mut self, stream: Option<i64>) -> Self {
-        self.ready_stream = stream.filter(|_| self.view().device().device_type.has_streams());
+        self.ready_stream = stream.filter(|&s| s != -1 && self.view().device().device_type.has_streams());
         self
     }
 

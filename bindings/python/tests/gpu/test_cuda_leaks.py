@@ -26,9 +26,10 @@ def settle():
 
 
 def exchanges(n, x, ready, consumer):
-    """n rounds of: torch -> dlbridge on stream `ready` (torch records an event), dlbridge -> torch on
-    torch's current stream `consumer` (dlbridge records one), and dlbridge -> raw capsule ->
-    dlbridge with an explicit consumer stream (one more)."""
+    """n rounds of: torch -> dlbridge on stream `ready` (through torch's table: dlbridge records an
+    event on torch's current stream `consumer` for `ready` to wait on), dlbridge -> torch on
+    `consumer` (dlbridge records one more), and dlbridge -> raw capsule -> dlbridge with an explicit
+    consumer stream (a third)."""
     r, c = stream_handle(ready), stream_handle(consumer)
     with torch.cuda.stream(consumer):
         for _ in range(n):

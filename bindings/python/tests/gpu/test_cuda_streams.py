@@ -30,8 +30,9 @@ N = 1 << 20
 @contextmanager
 def producer_busy(gpu_sleep, stream, x, seconds):
     """Zeroes x, then on `stream`, which is torch's current stream inside the block, enqueues a
-    kernel that spins for `seconds` and a fill of x with VALUE. Inside the block torch's
-    `__dlpack__` therefore records its event on the producer's stream."""
+    kernel that spins for `seconds` and a fill of x with VALUE. Inside the block torch's current
+    stream is the producer's: its `__dlpack__` records its event there, and its exchange table's
+    `current_work_stream` reports it."""
     torch.cuda.synchronize()
     x.zero_()
     torch.cuda.synchronize()
@@ -103,7 +104,7 @@ def test_torch_is_taken_through_its_exchange_table_and_its_current_stream(gpu_sl
             t, elapsed = timed(dlbridge.from_dlpack, x, stream=stream_handle(B))
             unordered = dlbridge.from_dlpack(x, stream=-1)
         assert t.__cuda_array_interface__["stream"] == stream_handle(B)
-        assert unordered.__cuda_array_interface__["stream"] == stream_handle(A), "-1 leaves it on torch's stream"
+        assert unordered.__cuda_array_interface__["stream"] is None, "-1: nothing ordered, no stream kept"
         with torch.cuda.stream(B):
             z = x.clone()  # on B, straight from torch: only dlbridge's event orders B after A
         busy = not A.query()
@@ -139,7 +140,7 @@ def test_our_no_sync_exports_leave_data_ready_on_the_stream_our_table_reports(gp
     assert busy and elapsed < FAST, "the no_sync export synchronised on the host"
 
 
-def test_tvm_ffi_takes_our_cuda_tensor_through_our_table(streams, x):
+def test_tvm_ffi_takes_our_cuda_tensor_zero_copy(streams, x):
     tvm_ffi = pytest.importorskip("tvm_ffi")
     _, B, _ = streams
     x.fill_(VALUE)
@@ -169,7 +170,8 @@ def test_no_stream_means_the_legacy_default_stream(gpu_sleep, streams, x):
     A, _, _ = streams
     for seconds in ROUNDS:
         with producer_busy(gpu_sleep, A, x, seconds):
-            t, elapsed = timed(dlbridge.from_dlpack, x)  # dlbridge passes stream=1 to torch
+            # torch's table reports A; dlbridge makes the legacy default stream wait for it.
+            t, elapsed = timed(dlbridge.from_dlpack, x)
         assert t.__cuda_array_interface__["stream"] == 1
         z = torch.from_dlpack(t).clone()  # on the legacy default stream
         busy = not A.query()
@@ -245,15 +247,16 @@ def test_numba_takes_the_cuda_array_interface_stream(gpu_sleep, streams, x, numb
         assert all_equal(d.copy_to_host())
 
 
-def test_cuda_array_interface_import_remembers_the_producers_stream(gpu_sleep, streams, x):
+def test_cuda_array_interface_import_waits_for_its_stream_on_the_gpu(gpu_sleep, streams, x):
     """A hand-made v3 interface over a tensor that a kernel on A is still filling, with stream A:
-    asarray returns at once, and a consumer on C that takes the tensor reads the final values."""
+    asarray makes the legacy default stream wait for A and returns at once, and a consumer on C
+    that takes the tensor reads the final values."""
     A, _, C = streams
     for seconds in ROUNDS:
         with producer_busy(gpu_sleep, A, x, seconds):
             t, elapsed = timed(dlbridge.asarray, torch_cai(x, stream=stream_handle(A)))
         assert t.data_ptr == x.data_ptr() and t.device == (CUDA, x.device.index)
-        assert t.__cuda_array_interface__["stream"] == stream_handle(A)
+        assert t.__cuda_array_interface__["stream"] == 1
         cap = t.__dlpack__(stream=stream_handle(C))
         with torch.cuda.stream(C):
             z = torch.from_dlpack(cap).clone()
@@ -267,12 +270,13 @@ def test_cupy_cuda_array_interface_import(cupy):
     s = cupy.cuda.Stream(non_blocking=True)
     with s:
         c = cupy.arange(10, dtype=cupy.float32)
-        cai = c.__cuda_array_interface__
-    t = dlbridge.asarray(only_cai(c))
+        wrapped = only_cai(c)  # CuPy names its current stream, s, unless told not to
+    cai = wrapped.__cuda_array_interface__
+    t = dlbridge.asarray(wrapped)
     assert t.data_ptr == c.data.ptr and t.shape == (10,) and t.device == (CUDA, c.device.id)
-    if cai.get("stream") is not None:  # CuPy exports its current stream unless told not to
+    if cai.get("stream") is not None:
         assert cai["stream"] == s.ptr
-        assert t.__cuda_array_interface__["stream"] == cai["stream"]
+        assert t.__cuda_array_interface__["stream"] == 1, "the legacy default stream, made to wait for s"
     assert dlbridge.from_dlpack(t, device="cpu").tolist() == list(range(10))
 
 
@@ -283,7 +287,7 @@ def test_numba_cuda_array_interface_import(numba_cuda):
     t = dlbridge.asarray(only_cai(d))
     assert t.data_ptr == cai["data"][0] and t.shape == (8,) and str(t.dtype) == "float64"
     if cai.get("stream") is not None:
-        assert t.__cuda_array_interface__["stream"] == cai["stream"]
+        assert t.__cuda_array_interface__["stream"] == 1, "the legacy default stream, made to wait for s"
     else:
         s.synchronize()  # no stream entry: the data is ready when the producer says so
     y = torch.from_dlpack(t)
