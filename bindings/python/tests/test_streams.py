@@ -119,11 +119,11 @@ def test_stream_hand_off_and_copies_name_the_missing_driver():
         t.__dlpack__(stream=5)  # data ready on 1, consumer on 5: an event is needed
     with pytest.raises(BufferError, match="CUDA is not available"):
         t.__dlpack__(dl_device=(1, 0))
-    with pytest.raises(ValueError, match="copy=False"):
+    with pytest.raises(ValueError, match="cannot move .* tensor from .*copy=False"):
         t.__dlpack__(dl_device=(1, 0), copy=False)
     with pytest.raises(BufferError, match="CUDA is not available"):
         dlbridge.from_dlpack(Recorder((2, 0)), device="cpu")
-    with pytest.raises(ValueError, match="copy=False"):
+    with pytest.raises(ValueError, match="cannot move .* tensor from .*copy=False"):
         dlbridge.from_dlpack(Recorder((2, 0)), device="cpu", copy=False)
     with pytest.raises(BufferError, match="CUDA is not available"):
         dlbridge.from_dlpack(np.arange(3.0), device=(2, 0))

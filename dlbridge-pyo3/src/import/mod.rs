@@ -143,7 +143,7 @@ fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyO
         if !reaches(device, wanted) {
             if options.copy == Some(false) {
                 return Err(PyValueError::new_err(format!(
-                    "the tensor is on {device}, not {wanted}, and copy=False forbids moving it"
+                    "cannot move a tensor from {device} to {wanted} without copying, and copy=False forbids it"
                 )));
             }
             return move_to(&owned, ready, wanted);

@@ -118,7 +118,7 @@ impl Tensor {
                     // The method reference: a copy needed for CPU access with copy=False is a ValueError.
                     if copy == Some(false) {
                         return Err(PyValueError::new_err(format!(
-                            "exporting to {wanted} needs a copy from {own}, and copy=False forbids it"
+                            "cannot move a tensor from {own} to {wanted} without copying, and copy=False forbids it"
                         )));
                     }
                     (wanted, true)
