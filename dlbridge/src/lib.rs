@@ -34,7 +34,10 @@
 //!   or a legacy `DLManagedTensor`, which call its deleter exactly once.
 //! - [`Owned::from_vec`], [`Owned::from_owner_mut`], [`Owned::from_owner`]: safe export.
 //! - [`to_contiguous`], [`zeros`]: owned, 64-byte aligned copies and allocations.
-//! - with feature `ndarray`: `TensorView::as_array` and `Owned::from_array`.
+//! - [`streams`]: the spec's stream hand-off as a pure decision; with feature
+//!   `cuda`, `cuda` carries it out with the driver, and copies to and from devices.
+//! - with feature `ndarray`: `TensorView::as_array` and `Owned::from_array`;
+//!   with feature `candle`: conversions to and from candle tensors.
 //!
 //! Fallible accessors come in pairs: `try_x` returns `Result` with the reason,
 //! `x` returns `Option`.
@@ -53,6 +56,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 #[cfg(feature = "candle")]
+mod buffer;
 mod candle;
 pub mod copy;
 mod device;
@@ -74,7 +78,8 @@ mod view_mut;
 
 #[cfg(feature = "candle")]
 pub use candle::{dtype_from_candle, dtype_to_candle};
-pub use copy::{to_contiguous, zeros, AlignedBuffer, ALIGNMENT};
+pub use buffer::{zeros, AlignedBuffer, ALIGNMENT};
+pub use copy::to_contiguous;
 pub use device::{Device, DeviceType};
 pub use dtype::{DataType, DataTypeCode};
 pub use element::Element;
