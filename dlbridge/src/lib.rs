@@ -55,8 +55,8 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::unreachable, clippy::todo, clippy::unimplemented))]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
-#[cfg(feature = "candle")]
 mod buffer;
+#[cfg(feature = "candle")]
 mod candle;
 pub mod copy;
 mod device;
