@@ -28,7 +28,8 @@ pub fn exception_name(err: &Error) -> &'static core::ffi::CStr {
         | Error::RankMismatch { .. }
         | Error::InvalidStream { .. } => c"ValueError",
         Error::DtypeMismatch { .. } => c"TypeError",
-        Error::AllocationFailed { .. } => c"MemoryError",
+        // CUDA_ERROR_OUT_OF_MEMORY is an allocation that failed too.
+        Error::AllocationFailed { .. } | Error::Cuda { code: 2, .. } => c"MemoryError",
         _ => c"BufferError",
     }
 }

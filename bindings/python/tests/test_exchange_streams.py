@@ -15,59 +15,9 @@ import pytest
 
 import dlbridge
 from dlbridge._check import abi
-from markers import no_driver
 from dlpack_ctypes import FakeProducer
-
-_KEEP = []
-
-
-def table_producer(device=(2, 0), work_stream=0x5000, has_stream_function=True):
-    """A class whose table exports a fresh fake tensor on `device` and reports `work_stream`;
-    its `__dlpack__` records the stream it was given."""
-    calls = {"table": 0, "dunder": [], "stream_queries": []}
-
-    @abi.FROM_PY
-    def from_py(obj, out):
-        fake = FakeProducer()
-        fake.tensor.device.device_type, fake.tensor.device.device_id = device
-        _KEEP.append(fake)
-        calls["table"] += 1
-        out[0] = ctypes.addressof(fake.managed)
-        return 0
-
-    @abi.STREAM
-    def current_work_stream(device_type, device_id, out):
-        calls["stream_queries"].append((device_type, device_id))
-        out[0] = work_stream
-        return 0
-
-    table = abi.ExchangeAPI()
-    table.header.version = abi.DLPackVersion(1, 3)
-    table.managed_tensor_from_py_object_no_sync = ctypes.cast(from_py, ctypes.c_void_p).value
-    if has_stream_function:
-        table.current_work_stream = ctypes.cast(current_work_stream, ctypes.c_void_p).value
-    _KEEP.extend([from_py, current_work_stream, table])
-    capsule = abi.api.PyCapsule_New(ctypes.addressof(table), ctypes.addressof(abi.static_name("dlpack_exchange_api")), None)
-
-    class Producer:
-        __dlpack_c_exchange_api__ = capsule
-
-        def __dlpack_device__(self):
-            return device
-
-        def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-            calls["dunder"].append(stream)
-            fake = FakeProducer()
-            fake.tensor.device.device_type, fake.tensor.device.device_id = device
-            _KEEP.append(fake)
-            return fake.capsule()
-
-    return Producer(), calls
-
-
-def ready_stream(tensor):
-    return tensor.__cuda_array_interface__["stream"]
-
+from markers import no_driver
+from producers import DunderProducer, labelled, ready_stream, table_producer
 
 def test_a_table_import_asks_the_producers_work_stream():
     x, calls = table_producer(work_stream=0x5000)
@@ -167,17 +117,7 @@ def test_our_no_sync_exports_order_the_default_stream_after_pending_work():
 
 
 def test_dunder_dlpack_with_minus_one_leaves_no_ready_stream():
-    class Recorder:
-        def __dlpack_device__(self):
-            return (2, 0)
-
-        def __dlpack__(self, **kwargs):
-            fake = FakeProducer()
-            fake.tensor.device.device_type = 2
-            _KEEP.append(fake)
-            return fake.capsule()
-
-    t = dlbridge.from_dlpack(Recorder(), stream=-1)
+    t = dlbridge.from_dlpack(DunderProducer(), stream=-1)
     assert ready_stream(t) is None, "the producer was told not to synchronise: nothing is known, nothing to wait for"
     t.__dlpack__(stream=5)  # so no event is asked for, and no driver needed
 
@@ -190,10 +130,7 @@ class KeywordlessProducer:
         return (2, 0)
 
     def __dlpack__(self):
-        fake = FakeProducer(versioned=False)
-        fake.tensor.device.device_type = 2
-        _KEEP.append(fake)
-        return fake.capsule()
+        return labelled(FakeProducer(versioned=False), (2, 0)).capsule()
 
 
 def test_a_producer_asked_without_keywords_is_ready_on_the_legacy_default():

@@ -5,7 +5,7 @@
 
 use core::ptr::NonNull;
 
-use super::{api, check, in_context, queue_on, DevicePtr};
+use super::{check, in_context, queue_on, DevicePtr};
 use crate::error::Error;
 use crate::export::{export_raw, RawLayout};
 use crate::owned::{ManagedAbi, Owned};
@@ -37,31 +37,34 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// Page-locked host memory from `cuMemAllocHost`, which copies at full link speed.
+/// Page-locked host memory from `cuMemAllocHost`, which copies at full link
+/// speed; allocated and freed with a device's context current, as the driver
+/// requires.
 struct PinnedBuffer {
     ptr: NonNull<u8>,
+    device_id: i32,
 }
 
 // SAFETY: plain host memory owned by this value alone.
 unsafe impl Send for PinnedBuffer {}
 
 impl PinnedBuffer {
-    fn new(len: usize) -> Result<Self, Error> {
-        let api = api()?;
-        let mut ptr = core::ptr::null_mut();
-        // SAFETY: an allocation with a writable out pointer.
-        check("cuMemAllocHost", unsafe { (api.mem_alloc_host)(&mut ptr, len.max(1)) })?;
-        let ptr = NonNull::new(ptr.cast()).ok_or(Error::AllocationFailed { bytes: len })?;
-        Ok(PinnedBuffer { ptr })
+    fn new(device_id: i32, len: usize) -> Result<Self, Error> {
+        in_context(device_id, |api| {
+            let mut ptr = core::ptr::null_mut();
+            // SAFETY: an allocation with a writable out pointer.
+            check("cuMemAllocHost", unsafe { (api.mem_alloc_host)(&mut ptr, len.max(1)) })?;
+            let ptr = NonNull::new(ptr.cast()).ok_or(Error::AllocationFailed { bytes: len })?;
+            Ok(PinnedBuffer { ptr, device_id })
+        })
     }
 }
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
-        if let Ok(api) = api() {
-            // SAFETY: allocated by `new`, freed once.
-            let _ = unsafe { (api.mem_free_host)(self.ptr.as_ptr().cast()) };
-        }
+        let ptr = self.ptr.as_ptr().cast();
+        // SAFETY: allocated by `new`, freed once.
+        let _ = in_context(self.device_id, |api| check("cuMemFreeHost", unsafe { (api.mem_free_host)(ptr) }));
     }
 }
 
@@ -141,7 +144,9 @@ pub unsafe fn to_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, 
         })
     };
     let mut owned: Owned<M> = if pinned {
-        let buffer = PinnedBuffer::new(len)?;
+        // A CUDA source's own device; host memory has none, so device 0's context.
+        let context = if view.device().device_type.has_streams() { view.device().device_id } else { 0 };
+        let buffer = PinnedBuffer::new(context, len)?;
         let base = buffer.ptr.as_ptr();
         if len > 0 {
             copy_into(base)?;

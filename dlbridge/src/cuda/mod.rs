@@ -35,6 +35,7 @@ type Handle = *mut c_void;
 type DevicePtr = u64;
 
 const CUDA_SUCCESS: CuResult = 0;
+const CUDA_ERROR_INVALID_CONTEXT: CuResult = 201;
 const CU_EVENT_DISABLE_TIMING: c_uint = 2;
 const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_uint = 9;
 
@@ -197,15 +198,22 @@ pub unsafe fn carry_out(device: Device, plan: SyncPlan) -> Result<(), Error> {
 }
 
 /// The ordinal of the device that `address` (a CUDA pointer) belongs to.
+/// Asked with no context first (unified addressing needs none); a driver that
+/// wants one is asked again with device 0's.
 pub fn pointer_device(address: usize) -> Result<i32, Error> {
-    let api = api()?;
-    let mut ordinal: c_int = 0;
-    // SAFETY: a query with a writable out value; any address is allowed (an
-    // unknown one is an error code).
-    check("cuPointerGetAttribute", unsafe {
-        (api.pointer_get_attribute)((&mut ordinal as *mut c_int).cast(), CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address as DevicePtr)
-    })?;
-    Ok(ordinal)
+    let query = |api: &Api| {
+        let mut ordinal: c_int = 0;
+        // SAFETY: a query with a writable out value; any address is allowed (an
+        // unknown one is an error code).
+        let code = unsafe {
+            (api.pointer_get_attribute)((&mut ordinal as *mut c_int).cast(), CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address as DevicePtr)
+        };
+        check("cuPointerGetAttribute", code).map(|()| ordinal)
+    };
+    match query(api()?) {
+        Err(Error::Cuda { code: CUDA_ERROR_INVALID_CONTEXT, .. }) => in_context(0, |api| query(api)),
+        other => other,
+    }
 }
 
 #[cfg(test)]
