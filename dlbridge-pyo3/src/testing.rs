@@ -48,11 +48,26 @@ fn _read_then_write(x: crate::PyTensor<'_>, mut y: crate::PyTensorMut<'_>) -> Py
     Ok(n)
 }
 
+/// The stream an extension's argument `x` is ready on: extracted as a
+/// [`PyTensor`](crate::PyTensor), or with `extract_on_stream` when `stream` is
+/// given; with `writable`, as a [`PyTensorMut`](crate::PyTensorMut).
+#[pyfunction]
+#[pyo3(signature = (x, stream=None, writable=false))]
+fn _argument_ready_stream(x: &Bound<'_, PyAny>, stream: Option<i64>, writable: bool) -> PyResult<Option<i64>> {
+    Ok(match (writable, stream) {
+        (false, None) => x.extract::<crate::PyTensor<'_>>()?.ready_stream(),
+        (false, Some(s)) => crate::PyTensor::extract_on_stream(x, s)?.ready_stream(),
+        (true, None) => x.extract::<crate::PyTensorMut<'_>>()?.ready_stream(),
+        (true, Some(s)) => crate::PyTensorMut::extract_on_stream(x, s)?.ready_stream(),
+    })
+}
+
 /// Adds the test hooks to `module`.
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(_exchange_api_calls, module)?)?;
     module.add_function(wrap_pyfunction!(_drop_on_rust_thread, module)?)?;
     module.add_function(wrap_pyfunction!(_live_borrows, module)?)?;
     module.add_function(wrap_pyfunction!(_read_then_write, module)?)?;
+    module.add_function(wrap_pyfunction!(_argument_ready_stream, module)?)?;
     Ok(())
 }

@@ -112,3 +112,23 @@ def test_no_growth_over_many_exchanges(driver):
             driver.clear()
     assert driver.live_events() == 0 and driver.context_depth() == 0
     assert driver.live_allocations() == allocations
+
+
+def test_extension_arguments_stay_on_the_producers_stream_unless_asked(driver):
+    """PyTensor and PyTensorMut: by default the data stays where the producer has it (the header's
+    rule: launch on the producer's current stream), and extract_on_stream orders the extension's
+    own stream after it."""
+    from dlbridge import _native
+
+    x, _ = table_producer(work_stream=0x5000, make=lambda: driver.device_fake([1.0, 2.0], (2,)))
+    for writable in (False, True):
+        driver.clear()
+        assert _native._argument_ready_stream(x, writable=writable) == 0x5000
+        assert driver.log() == []
+        assert _native._argument_ready_stream(x, 9, writable=writable) == 9
+        assert hand_off(driver.log()) == [(0x5000, 9, 0)]
+    ours = dlbridge.from_dlpack(x, stream=9)
+    driver.clear()
+    assert _native._argument_ready_stream(ours) == 9, "a dlbridge tensor is borrowed as it is"
+    assert _native._argument_ready_stream(ours, 11) == 11
+    assert hand_off(driver.log()) == [(9, 11, 0)], "one event, not two through the legacy stream"
