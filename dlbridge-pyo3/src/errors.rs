@@ -18,6 +18,9 @@ pub fn to_py_err(err: Error) -> PyErr {
     }
 }
 
+/// A device allocation that failed is a MemoryError too.
+const CUDA_ERROR_OUT_OF_MEMORY: u32 = 2;
+
 /// The name of the exception for a core error, for C callers such as the
 /// exchange API's `SetError`.
 pub fn exception_name(err: &Error) -> &'static core::ffi::CStr {
@@ -28,8 +31,7 @@ pub fn exception_name(err: &Error) -> &'static core::ffi::CStr {
         | Error::RankMismatch { .. }
         | Error::InvalidStream { .. } => c"ValueError",
         Error::DtypeMismatch { .. } => c"TypeError",
-        // CUDA_ERROR_OUT_OF_MEMORY is an allocation that failed too.
-        Error::AllocationFailed { .. } | Error::Cuda { code: 2, .. } => c"MemoryError",
+        Error::AllocationFailed { .. } | Error::Cuda { code: CUDA_ERROR_OUT_OF_MEMORY, .. } => c"MemoryError",
         _ => c"BufferError",
     }
 }

@@ -51,9 +51,16 @@ impl AlignedBuffer {
         let _ = (ptr, len);
     }
 
-    /// `len` bytes, zeroed or not: an uninitialised buffer must have every byte
-    /// written through [`base`](Self::base) before anything reads or exports it.
-    pub(crate) fn alloc(len: usize, zeroed: bool) -> Result<Self, Error> {
+    /// `len` bytes whose contents are undefined.
+    ///
+    /// # Safety
+    /// Every byte must be written through [`base`](Self::base) before the
+    /// buffer is read ([`as_slice`](Self::as_slice)) or exported.
+    pub(crate) unsafe fn uninit(len: usize) -> Result<Self, Error> {
+        Self::alloc(len, false)
+    }
+
+    fn alloc(len: usize, zeroed: bool) -> Result<Self, Error> {
         if len > isize::MAX as usize - HUGE_PAGE {
             return Err(Error::AllocationFailed { bytes: len });
         }

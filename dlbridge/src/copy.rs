@@ -25,9 +25,9 @@ pub fn to_contiguous<M: ManagedAbi>(view: &TensorView<'_>) -> Result<Owned<M>, E
         return Err(Error::UnsupportedDtype { dtype: view.dtype(), operation: "a legacy tensor, which cannot flag padding," });
     }
     let nbytes = view.nbytes();
-    // Left uninitialised: both branches below write every one of its bytes
-    // before the buffer is exported.
-    let buffer = AlignedBuffer::alloc(nbytes, false)?;
+    // SAFETY: both branches below write every one of its bytes before the
+    // buffer is exported.
+    let buffer = unsafe { AlignedBuffer::uninit(nbytes) }?;
     let dst = buffer.base();
     if let Some(src) = view.as_bytes() {
         // SAFETY: a contiguous view's bytes are exactly `nbytes` long; the buffer

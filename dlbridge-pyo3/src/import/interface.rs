@@ -104,7 +104,7 @@ pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_,
     }
     let (address, readonly) =
         parsed.data.ok_or_else(|| PyValueError::new_err("__cuda_array_interface__ needs a \"data\" pointer"))?;
-    let device_id = if address == 0 { 0 } else { dlbridge::cuda::pointer_device(address).unwrap_or(0) };
+    let device_id = if address == 0 { 0 } else { dlbridge::cuda::pointer_device(address, 0).unwrap_or(0) };
     Ok((import_pointer(obj, &parsed, address, readonly, Device::cuda(device_id))?, ready))
 }
 

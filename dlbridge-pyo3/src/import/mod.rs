@@ -88,7 +88,7 @@ fn check_device_id(owned: &AnyOwned) -> PyResult<()> {
     if device.device_type != DeviceType::CUDA || view.is_empty() {
         return Ok(());
     }
-    match dlbridge::cuda::pointer_device(view.as_ptr() as usize) {
+    match dlbridge::cuda::pointer_device(view.as_ptr() as usize, device.device_id) {
         Ok(actual) if actual != device.device_id => Err(PyBufferError::new_err(format!(
             "the producer says its tensor is on {device}, but its memory is on cuda:{actual}"
         ))),

@@ -199,8 +199,9 @@ pub unsafe fn carry_out(device: Device, plan: SyncPlan) -> Result<(), Error> {
 
 /// The ordinal of the device that `address` (a CUDA pointer) belongs to.
 /// Asked with no context first (unified addressing needs none); a driver that
-/// wants one is asked again with device 0's.
-pub fn pointer_device(address: usize) -> Result<i32, Error> {
+/// wants one is asked again with the context of `likely_device`, the device
+/// the caller expects (so that no other device's context is created).
+pub fn pointer_device(address: usize, likely_device: i32) -> Result<i32, Error> {
     let query = |api: &Api| {
         let mut ordinal: c_int = 0;
         // SAFETY: a query with a writable out value; any address is allowed (an
@@ -211,7 +212,7 @@ pub fn pointer_device(address: usize) -> Result<i32, Error> {
         check("cuPointerGetAttribute", code).map(|()| ordinal)
     };
     match query(api()?) {
-        Err(Error::Cuda { code: CUDA_ERROR_INVALID_CONTEXT, .. }) => in_context(0, |api| query(api)),
+        Err(Error::Cuda { code: CUDA_ERROR_INVALID_CONTEXT, .. }) => in_context(likely_device, |api| query(api)),
         other => other,
     }
 }
@@ -229,7 +230,7 @@ mod tests {
         assert!(matches!(driver_available(), Err(Error::CudaUnavailable { .. })));
         // SAFETY: the two default streams; no driver is loaded anyway.
         assert!(matches!(unsafe { order_streams(0, 1, 2) }, Err(Error::CudaUnavailable { .. })));
-        assert!(matches!(pointer_device(0x1000), Err(Error::CudaUnavailable { .. })));
+        assert!(matches!(pointer_device(0x1000, 0), Err(Error::CudaUnavailable { .. })));
         let t = crate::OwnedTensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
         assert!(matches!(to_device::<crate::ffi::DLManagedTensorVersioned>(t.view(), 0), Err(Error::CudaUnavailable { .. })));
         let message = driver_available().unwrap_err().to_string();

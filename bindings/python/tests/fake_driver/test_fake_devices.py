@@ -34,3 +34,21 @@ def test_memory_the_driver_does_not_know_keeps_the_producers_word(driver):
 def test_a_device_that_does_not_exist(driver):
     with pytest.raises(BufferError, match="cuDeviceGet failed with CUresult 101"):
         dlbridge.from_dlpack(np.arange(3.0), device=(2, 7))
+
+
+def test_pointer_queries_create_no_context(driver):
+    x = DunderProducer(device=(2, 1), make=lambda: driver.device_fake([1.0], (1,), device=(2, 1)))
+    assert dlbridge.from_dlpack(x).device == (2, 1)
+    queries = [r for r in driver.log(pointers=True) if r[0] == "pointer"]
+    assert len(queries) == 1 and queries[0][2] == 1 and queries[0][3] == -1, queries
+
+
+def test_a_driver_that_wants_a_context_for_pointer_queries_gets_the_claimed_devices(driver):
+    driver.strict_pointer_queries(True)
+    x = DunderProducer(device=(2, 1), make=lambda: driver.device_fake([1.0], (1,), device=(2, 1)))
+    assert dlbridge.from_dlpack(x).device == (2, 1)
+    queries = [r for r in driver.log(pointers=True) if r[0] == "pointer"]
+    assert len(queries) == 1 and queries[0][3] == 1, "asked again in cuda:1's context, not cuda:0's"
+    y = DunderProducer(device=(2, 0), make=lambda: driver.device_fake([1.0], (1,), device=(2, 1)))
+    with pytest.raises(BufferError, match="its memory is on cuda:1"):
+        dlbridge.from_dlpack(y)

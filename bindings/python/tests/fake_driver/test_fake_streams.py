@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import dlbridge
-from conftest import CU_EVENT_DISABLE_TIMING
+from fake_cuda import CU_EVENT_DISABLE_TIMING
 from dlbridge._check import abi
 from producers import DunderProducer, ready_stream, table_producer
 
