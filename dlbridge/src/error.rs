@@ -162,6 +162,11 @@ pub enum Error {
         /// The stream value.
         stream: i64,
     },
+    /// A CUDA operation was asked of memory elsewhere (ROCm memory, say).
+    NotOnCuda {
+        /// Where it lives.
+        device: Device,
+    },
     /// No CUDA driver could be loaded, or it failed to initialise.
     CudaUnavailable {
         /// Why.
@@ -248,6 +253,7 @@ impl fmt::Display for Error {
                 "stride {byte_stride} of axis {axis} is not a multiple of the itemsize {itemsize}; DLPack counts strides in elements"
             ),
             Error::InvalidStream { device, stream } => write!(f, "stream {stream} is not valid for a tensor on {device}"),
+            Error::NotOnCuda { device } => write!(f, "memory on {device} cannot be copied with CUDA (dlbridge makes no HIP calls)"),
             Error::CudaUnavailable { reason } => write!(f, "CUDA is not available: {reason}"),
             Error::Cuda { call, code } => write!(f, "{call} failed with CUresult {code}"),
             Error::AllocationFailed { bytes } => write!(f, "could not allocate {bytes} bytes"),

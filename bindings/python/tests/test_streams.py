@@ -152,3 +152,13 @@ def test_cuda_array_interface_stream_entry_is_honoured_and_zero_refused():
 def test_cuda_array_interface_on_another_stream_is_waited_for():
     with pytest.raises(BufferError, match="CUDA is not available"):
         dlbridge.asarray(Cai(7))  # the legacy default stream must wait for stream 7
+
+
+def test_odd_stream_values_on_export_get_the_right_exception():
+    t, _ = cuda_tensor()
+    with pytest.raises(ValueError, match="not valid"):
+        t.__dlpack__(stream=2**63)  # an int, but no stream
+    with pytest.raises(TypeError, match="got '1'"):
+        t.__dlpack__(stream="1")
+    with pytest.raises(TypeError):
+        t.__dlpack__(stream=1.0)

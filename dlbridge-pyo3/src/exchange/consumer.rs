@@ -247,16 +247,25 @@ fn ready_stream(obj: &Bound<'_, PyAny>, table: Table, device: Device) -> Result<
     let query = table.api.current_work_stream.ok_or(())?;
     let mut stream: *mut c_void = core::ptr::null_mut();
     // SAFETY: the producer's function with a writable out pointer; the GIL is held.
-    if unsafe { query(device.device_type, device.device_id, &mut stream) } != 0 {
-        let _ = PyErr::take(obj.py());
+    let rc = unsafe { query(device.device_type, device.device_id, &mut stream) };
+    if failed(obj.py(), rc) {
         return Err(());
     }
     // A stream handle is an opaque number; DLPack hands streams over as integers.
-    let value = stream.addr() as i64;
-    Ok(Some(match value {
-        0 if device.device_type != DeviceType::ROCM => 1,
-        other => other,
-    }))
+    // One past i64::MAX is no user-space pointer: the producer cannot say.
+    match stream.addr() as i64 {
+        0 if device.device_type != DeviceType::ROCM => Ok(Some(1)),
+        value if value < 0 => Err(()),
+        value => Ok(Some(value)),
+    }
+}
+
+/// Whether a table function failed: a non-zero code, or (breaking the API's
+/// contract) zero with a Python exception left set. Either way the exception
+/// is cleared, so that `__dlpack__` can raise the producer's own.
+fn failed(py: Python<'_>, rc: core::ffi::c_int) -> bool {
+    let pending = PyErr::take(py).is_some();
+    rc != 0 || pending
 }
 
 /// Owning import through a producer's table, with the stream its data is
@@ -270,8 +279,11 @@ pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Opt
     // SAFETY: the producer's function, called with an object of the type it was
     // found on and a writable out pointer; the GIL is held.
     let rc = unsafe { export(obj.as_ptr().cast(), &mut out) };
-    if rc != 0 || out.is_null() {
-        let _ = PyErr::take(obj.py());
+    if failed(obj.py(), rc) || out.is_null() {
+        if rc == 0 && !out.is_null() {
+            // SAFETY: an owning export we now own, given up: its deleter runs once.
+            drop(unsafe { OwnedTensor::from_raw(out) });
+        }
         return Ok(None);
     }
     // SAFETY: an owning export we now own; `from_raw` validates it and deletes it
@@ -294,8 +306,7 @@ pub(crate) fn fill_borrowed(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Op
     // SAFETY: DLTensor is plain data; the producer fills it.
     let mut out: DLTensor = unsafe { core::mem::zeroed() };
     // SAFETY: the producer's function, with an object of its type and a writable DLTensor.
-    if unsafe { fill(obj.as_ptr().cast(), &mut out) } != 0 {
-        let _ = PyErr::take(obj.py());
+    if failed(obj.py(), unsafe { fill(obj.as_ptr().cast(), &mut out) }) {
         return Ok(None);
     }
     if !check_guard(obj, table.guard, out.dtype)? {

@@ -135,18 +135,26 @@ fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyO
         return Err(PyValueError::new_err(format!("stream={stream} was given, but the tensor is on {device}, which has no streams")));
     }
     check_device_id(&owned)?;
-    let ready = match (ready_on, options.stream) {
+    let mut ready = match (ready_on, options.stream) {
         (ReadyOn::Producer, None) => ready,
         _ => settle(device, ready, options.stream)?,
     };
     if let Some(wanted) = options.device {
-        if !reaches(device, wanted) {
+        // Managed memory asked for on the host: a copy is a host copy, and
+        // the memory itself is waited for by the host before it is handed over.
+        let host_bound = matches!(wanted.device_type, DeviceType::CPU | DeviceType::CUDA_HOST) && device.device_type.has_streams();
+        if !reaches(device, wanted) || (host_bound && options.copy == Some(true)) {
             if options.copy == Some(false) {
                 return Err(PyValueError::new_err(format!(
                     "cannot move a tensor from {device} to {wanted} without copying, and copy=False forbids it"
                 )));
             }
             return move_to(&owned, ready, wanted);
+        }
+        if let (true, Some(stream)) = (host_bound, ready) {
+            // SAFETY: a stream value as for `settle`.
+            unsafe { dlbridge::cuda::wait_on_host(device.device_id, stream) }.py()?;
+            ready = None;
         }
     }
     match options.copy {

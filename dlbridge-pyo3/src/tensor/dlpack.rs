@@ -81,9 +81,11 @@ fn parse_stream(stream: Option<&Bound<'_, PyAny>>, device: Device) -> PyResult<O
             "stream must be None for a tensor on {device}, which has no streams; got {stream}"
         )));
     }
-    let value: i64 = stream
-        .extract()
-        .map_err(|_| PyTypeError::new_err(format!("stream must be None or an int, got {stream}")))?;
+    if !stream.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!("stream must be None or an int, got {}", stream.repr()?)));
+    }
+    // An int too large for any stream is refused as an invalid stream.
+    let value: i64 = stream.extract().map_err(|_| PyValueError::new_err(format!("stream {stream} is not valid for a tensor on {device}")))?;
     if !device.device_type.accepts_stream(value) {
         return Err(PyValueError::new_err(format!("stream {value} is not valid for a tensor on {device}")));
     }
@@ -210,17 +212,30 @@ impl Tensor {
             // given; stream values are raw handles by the protocol's design.
             return unsafe { dlbridge::cuda::to_host::<M>(view, this.ready_stream, pinned) }.py();
         }
+        let host_bound = matches!(request.device.device_type, DeviceType::CPU | DeviceType::CUDA_HOST);
+        let mut ready = this.ready_stream;
         if request.order && own.device_type.has_streams() {
-            let plan = dlbridge::streams::plan(own.device_type, this.ready_stream, request.stream).py()?;
-            // SAFETY: the ready stream as above, and the consumer's own stream,
-            // which the DLPack protocol hands over as a raw handle.
-            unsafe { dlbridge::cuda::carry_out(own, plan) }.py()?;
+            if host_bound {
+                // Managed memory for a host consumer: the host itself must wait.
+                this.wait_for_host()?;
+            } else {
+                let plan = dlbridge::streams::plan(own.device_type, ready, request.stream).py()?;
+                // SAFETY: the ready stream as above, and the consumer's own stream,
+                // which the DLPack protocol hands over as a raw handle.
+                unsafe { dlbridge::cuda::carry_out(own, plan) }.py()?;
+                // A copy is then queued on the consumer's stream, so that what it
+                // waits for includes the copy; with -1 it stays on the data's.
+                if let Some(consumer) = request.stream.or(own.device_type.default_stream()).filter(|&s| s != -1) {
+                    ready = Some(consumer);
+                }
+            }
         }
         if request.copy == Some(true) {
-            if own.device_type.has_streams() {
-                // SAFETY: the ready stream, as above.
-                return unsafe { dlbridge::cuda::copy_on_device::<M>(view, this.ready_stream) }.py();
+            if own.device_type.has_streams() && !host_bound {
+                // SAFETY: a stream value as above.
+                return unsafe { dlbridge::cuda::copy_on_device::<M>(view, ready) }.py();
             }
+            // Host memory, or managed memory for a host consumer (waited for above).
             return to_contiguous::<M>(view).py();
         }
         let mut flags = this.writability.flags();

@@ -124,12 +124,29 @@ impl Tensor {
         }
     }
 
-    fn cpu_view(&self) -> PyResult<&TensorView<'_>> {
+    /// The view, for reading or writing on the host: refused for memory the CPU
+    /// cannot reach, and waited for (see [`wait_for_host`](Self::wait_for_host)).
+    pub(crate) fn cpu_view(&self) -> PyResult<&TensorView<'_>> {
         let view = self.view();
         if !view.device().is_cpu_accessible() {
             return Err(PyBufferError::new_err(format!("tensor on {} is not accessible from the CPU", view.device())));
         }
+        self.wait_for_host()?;
         Ok(view)
+    }
+
+    /// Blocks until the GPU work pending on CUDA managed memory is done, before
+    /// the host reads it: a kernel may still be writing it on the ready stream.
+    pub(crate) fn wait_for_host(&self) -> PyResult<()> {
+        let device = self.view().device();
+        match self.ready_stream {
+            Some(ready) if device.device_type == DeviceType::CUDA_MANAGED => {
+                // SAFETY: the ready stream is the value this tensor's producer was
+                // given or reported; stream values are raw handles by the protocol's design.
+                unsafe { dlbridge::cuda::wait_on_host(device.device_id, ready) }.py()
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -228,6 +245,7 @@ impl Tensor {
         if !device.is_cpu_accessible() {
             return Err(PyAttributeError::new_err(format!("__array_interface__ is only offered on the CPU; tensor is on {device}")));
         }
+        self.wait_for_host()?;
         buffer::interface_dict(py, self)
     }
 

@@ -5,7 +5,7 @@
 
 use core::ptr::NonNull;
 
-use super::{check, in_context, queue_on, DevicePtr};
+use super::{check, in_context, queue_on, wait_on_host, DevicePtr};
 use crate::error::Error;
 use crate::export::{export_raw, RawLayout};
 use crate::owned::{ManagedAbi, Owned};
@@ -93,7 +93,7 @@ fn padded_flags<M: ManagedAbi>(view: &TensorView<'_>) -> Result<u64, Error> {
 fn require_cuda(view: &TensorView<'_>) -> Result<(), Error> {
     match view.device().device_type {
         DeviceType::CUDA | DeviceType::CUDA_MANAGED => Ok(()),
-        _ => Err(Error::UnsupportedDtype { dtype: view.dtype(), operation: "a CUDA copy of memory not on CUDA" }),
+        _ => Err(Error::NotOnCuda { device: view.device() }),
     }
 }
 
@@ -111,12 +111,10 @@ fn require_cuda(view: &TensorView<'_>) -> Result<(), Error> {
 pub unsafe fn to_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, pinned: bool) -> Result<Owned<M>, Error> {
     let padded = padded_flags::<M>(view)?;
     if view.device().is_cpu_accessible() {
-        if ready.is_some() && view.device().device_type.has_streams() {
+        if let (Some(ready), true) = (ready, view.device().device_type.has_streams()) {
             // A kernel may still be writing managed memory on that stream.
-            in_context(view.device().device_id, |api| {
-                // SAFETY: a stream the caller vouches for.
-                check("cuStreamSynchronize", unsafe { (api.stream_synchronize)(queue_on(ready)) })
-            })?;
+            // SAFETY: a stream the caller vouches for.
+            unsafe { wait_on_host(view.device().device_id, ready) }?;
         }
         if !pinned {
             return crate::to_contiguous(view);
@@ -200,7 +198,8 @@ pub fn to_device<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32) -> Result
     Ok(owned)
 }
 
-/// A copy of a CUDA tensor in fresh memory on the same device, with the same
+/// A copy of a CUDA tensor in fresh device memory on the same device (so a
+/// copy of managed memory is plain CUDA memory, labelled so), with the same
 /// layout, queued on `ready` (the stream its data is ready on, which the copy
 /// is then ready on too): no host synchronisation. IS_COPIED is set.
 ///
@@ -224,7 +223,7 @@ pub unsafe fn copy_on_device<M: ManagedAbi>(view: &TensorView<'_>, ready: Option
     }
     let data = core::ptr::without_provenance_mut((dst as usize).wrapping_add(first));
     // SAFETY: the buffer holds the whole extent, element 0 at `first`.
-    let mut owned: Owned<M> = unsafe { export_raw(buffer, data, layout_of(view, view.device()), padded) }?;
+    let mut owned: Owned<M> = unsafe { export_raw(buffer, data, layout_of(view, Device::cuda(device_id)), padded) }?;
     owned.mark_copied();
     Ok(owned)
 }

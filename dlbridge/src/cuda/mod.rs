@@ -185,6 +185,22 @@ pub unsafe fn order_streams(device_id: i32, ready: i64, consumer: i64) -> Result
     })
 }
 
+/// Blocks the host until the work queued on `ready` so far is done: for
+/// CUDA managed memory that the host is about to read. -1 (unknown) waits for
+/// nothing.
+///
+/// # Safety
+/// As [`order_streams`], for `ready`.
+pub unsafe fn wait_on_host(device_id: i32, ready: i64) -> Result<(), Error> {
+    if ready == -1 {
+        return Ok(());
+    }
+    in_context(device_id, |api| {
+        // SAFETY: a stream the caller vouches for.
+        check("cuStreamSynchronize", unsafe { (api.stream_synchronize)(stream_handle(ready)) })
+    })
+}
+
 /// Carries out a [`SyncPlan`] for memory on `device`.
 ///
 /// # Safety

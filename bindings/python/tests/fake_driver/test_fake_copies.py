@@ -115,3 +115,40 @@ def test_device_allocation_failure_is_a_memory_error(driver):
     x = DunderProducer(make=lambda: driver.device_fake([0.0], (1 << 42,)))
     with pytest.raises(MemoryError):
         dlbridge.from_dlpack(x, copy=True)  # 16 TiB of fresh device memory
+
+
+def managed(driver, values=(1.0, 2.0, 3.0)):
+    """A producer of CUDA managed memory (device type 13), asked through `__dlpack__`."""
+    return DunderProducer(device=(13, 0), make=lambda: driver.device_fake(list(values), (len(values),), device=(13, 0)))
+
+
+def test_managed_memory_is_waited_for_by_the_host_before_the_host_reads_it(driver):
+    t = dlbridge.from_dlpack(managed(driver), stream=9)  # ready on 9: a kernel may still be writing
+    for read in (np.asarray, memoryview, lambda t: t.tolist(), lambda t: t.__dlpack__(dl_device=(1, 0), max_version=(1, 3))):
+        driver.clear()
+        read(t)
+        assert ("sync", 9) in [r[:2] for r in driver.log()], f"{read} read managed memory without waiting for stream 9"
+    driver.clear()
+    h = dlbridge.from_dlpack(managed(driver), device="cpu", stream=9)
+    assert [r[:2] for r in driver.log()] == [("sync", 9)] and not h.is_copied, "zero-copy, after the host waited"
+
+
+def test_copies_of_managed_memory_are_labelled_by_where_they_are(driver):
+    on_host = dlbridge.from_dlpack(managed(driver), device="cpu", copy=True)
+    assert on_host.device == (1, 0) and on_host.is_copied and on_host.tolist() == [1.0, 2.0, 3.0]
+    on_device = dlbridge.from_dlpack(managed(driver), copy=True)
+    assert on_device.device == (2, 0), "fresh cuMemAlloc memory is plain CUDA memory, not managed"
+    assert host(on_device).tolist() == [1.0, 2.0, 3.0]
+    t = dlbridge.from_dlpack(managed(driver))
+    cap = t.__dlpack__(copy=True, max_version=(1, 3), stream=1)
+    assert dlbridge.from_dlpack(cap).device == (2, 0)
+
+
+def test_an_exported_copy_is_queued_after_the_consumers_wait(driver):
+    x = DunderProducer(make=lambda: driver.device_fake([1.0, 2.0], (2,)))
+    t = dlbridge.from_dlpack(x, stream=9)
+    driver.clear()
+    t.__dlpack__(stream=11, copy=True, max_version=(1, 3))
+    stream_of = {"record": 2, "wait": 1, "dtod": 1}  # where each call's stream is in its log row
+    log = [(r[0], r[stream_of[r[0]]]) for r in driver.log() if r[0] in stream_of]
+    assert log == [("record", 9), ("wait", 11), ("dtod", 11)], "the copy runs on 11, after 11 waited for 9"

@@ -132,3 +132,13 @@ def test_extension_arguments_stay_on_the_producers_stream_unless_asked(driver):
     assert _native._argument_ready_stream(ours) == 9, "a dlbridge tensor is borrowed as it is"
     assert _native._argument_ready_stream(ours, 11) == 11
     assert hand_off(driver.log()) == [(9, 11, 0)], "one event, not two through the legacy stream"
+
+
+@pytest.mark.parametrize("garbage", [2**64 - 1, 2**64 - 2, 2**63])
+def test_a_work_stream_that_is_no_pointer_falls_back_to_dunder_dlpack(driver, garbage):
+    from dlbridge import _native
+
+    x, calls = table_producer(work_stream=garbage, make=lambda: driver.device_fake([1.0], (1,)))
+    t = dlbridge.from_dlpack(x, stream=9)
+    assert calls["dunder"] == [9] and ready_stream(t) == 9
+    assert _native._argument_ready_stream(x) == 1, "the owned path, through __dlpack__ with the legacy default"
