@@ -252,3 +252,24 @@ def test_copies_outlive_their_source():
     torch.zeros(24, device="cuda")  # reuse the freed block, if the copy still pointed at it
     for t in (h, c, p):
         assert dlbridge.from_dlpack(t, device="cpu").tolist() == expected
+
+
+def test_managed_memory_is_read_on_the_host_and_copied_to_where_it_is_asked(cupy):
+    """CuPy's managed allocations are kDLCUDAManaged (13): readable from the host once the GPU work
+    on them is done, which dlbridge waits for; a copy is plain device memory, or host memory when the
+    caller asks for the CPU."""
+    previous = cupy.cuda.get_allocator()
+    cupy.cuda.set_allocator(cupy.cuda.MemoryPool(cupy.cuda.malloc_managed).malloc)
+    try:
+        c = cupy.arange(6, dtype=cupy.float32) * 2
+    finally:
+        cupy.cuda.set_allocator(previous)
+    t = dlbridge.from_dlpack(c)
+    if t.device[0] != 13:
+        pytest.skip(f"this CuPy labels managed memory as {t.device}")
+    assert np.asarray(t).tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0], "read on the host, zero-copy"
+    h = dlbridge.from_dlpack(c, device="cpu", copy=True)
+    assert h.device == (CPU, 0) and h.is_copied and h.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    d = dlbridge.from_dlpack(c, copy=True)
+    assert d.device == (CUDA, c.device.id) and memory_type(d.data_ptr) == CU_MEMORYTYPE_DEVICE
+    assert cupy.asnumpy(cupy.from_dlpack(d)).tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
