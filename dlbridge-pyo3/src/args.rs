@@ -101,9 +101,7 @@ impl<'py> PyTensor<'py> {
             Held::Borrowed(_) => from_dlpack(&self.source, ImportOptions::default()),
         }
     }
-}
 
-impl<'py> PyTensor<'py> {
     fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<i64>) -> PyResult<Self> {
         let source = obj.clone();
         // A borrow without an export: our own Tensor directly, else through the
