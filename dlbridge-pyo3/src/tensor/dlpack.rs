@@ -212,7 +212,10 @@ impl Tensor {
             // given; stream values are raw handles by the protocol's design.
             return unsafe { dlbridge::cuda::to_host::<M>(view, this.ready_stream, pinned) }.py();
         }
-        let host_bound = matches!(request.device.device_type, DeviceType::CPU | DeviceType::CUDA_HOST);
+        // A host consumer: one that asked for host memory, or one that passed no
+        // stream for managed memory (NumPy reads it on the host).
+        let host_bound = matches!(request.device.device_type, DeviceType::CPU | DeviceType::CUDA_HOST)
+            || (own.device_type == DeviceType::CUDA_MANAGED && request.stream.is_none());
         let mut ready = this.ready_stream;
         if request.order && own.device_type.has_streams() {
             if host_bound {

@@ -124,7 +124,8 @@ def managed(driver, values=(1.0, 2.0, 3.0)):
 
 def test_managed_memory_is_waited_for_by_the_host_before_the_host_reads_it(driver):
     t = dlbridge.from_dlpack(managed(driver), stream=9)  # ready on 9: a kernel may still be writing
-    for read in (np.asarray, memoryview, lambda t: t.tolist(), lambda t: t.__dlpack__(dl_device=(1, 0), max_version=(1, 3))):
+    for read in (np.asarray, memoryview, lambda t: t.tolist(), lambda t: t.__dlpack__(dl_device=(1, 0), max_version=(1, 3)),
+                 np.from_dlpack):  # NumPy passes no stream, then reads on the host
         driver.clear()
         read(t)
         assert ("sync", 9) in [r[:2] for r in driver.log()], f"{read} read managed memory without waiting for stream 9"
@@ -141,7 +142,9 @@ def test_copies_of_managed_memory_are_labelled_by_where_they_are(driver):
     assert host(on_device).tolist() == [1.0, 2.0, 3.0]
     t = dlbridge.from_dlpack(managed(driver))
     cap = t.__dlpack__(copy=True, max_version=(1, 3), stream=1)
-    assert dlbridge.from_dlpack(cap).device == (2, 0)
+    assert dlbridge.from_dlpack(cap).device == (2, 0), "a CUDA consumer's copy: device memory"
+    cap = t.__dlpack__(copy=True, max_version=(1, 3))
+    assert dlbridge.from_dlpack(cap).device == (1, 0), "no stream: a host consumer's copy, in host memory"
 
 
 def test_an_exported_copy_is_queued_after_the_consumers_wait(driver):
