@@ -7,6 +7,7 @@
 //! launch on it, or extract with `extract_on_stream(obj, your_stream)` to have
 //! your stream wait for the producer's work first (an event, no host sync).
 
+use dlbridge::streams::Stream;
 use dlbridge::{DeviceType, TensorView, TensorViewMut};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
@@ -73,23 +74,28 @@ impl<'py> PyTensor<'py> {
         self.ready
     }
 
-    /// Extracts `obj` with its data ready on `stream` (1 or 2 for CUDA's default
-    /// streams, else a `CUstream` handle; -1 for no ordering): the stream is
-    /// made to wait for the producer's pending work, on the GPU. ValueError for
-    /// a stream the device does not accept, or any stream on the CPU.
+    /// Extracts `obj` with its data ready on `stream` (a default stream, a
+    /// `CUstream` handle vouched for with [`Stream::from_raw`], or
+    /// [`Stream::NO_SYNC`] for no ordering): the stream is made to wait for the
+    /// producer's pending work, on the GPU. ValueError for a stream the device
+    /// does not accept, or any stream on the CPU.
     ///
     /// ```no_run
+    /// use dlbridge_pyo3::dlbridge::streams::Stream;
     /// use dlbridge_pyo3::PyTensor;
     /// use pyo3::prelude::*;
     ///
     /// #[pyfunction]
-    /// fn launch(x: &Bound<'_, PyAny>, stream: i64) -> PyResult<()> {
+    /// fn launch(x: &Bound<'_, PyAny>, handle: i64) -> PyResult<()> {
+    ///     // SAFETY: the caller passes a live CUstream of x's device (the
+    ///     // protocols hand streams over as raw integers).
+    ///     let stream = unsafe { Stream::from_raw(handle) };
     ///     let x = PyTensor::extract_on_stream(x, stream)?;
-    ///     let _data = x.view().as_ptr(); // queue kernels on `stream` here
+    ///     let _data = x.view().as_ptr(); // queue kernels on `handle` here
     ///     Ok(())
     /// }
     /// ```
-    pub fn extract_on_stream(obj: &Bound<'py, PyAny>, stream: i64) -> PyResult<Self> {
+    pub fn extract_on_stream(obj: &Bound<'py, PyAny>, stream: Stream) -> PyResult<Self> {
         Self::extract_with(obj, Some(stream))
     }
 
@@ -102,8 +108,9 @@ impl<'py> PyTensor<'py> {
         }
     }
 
-    fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<i64>) -> PyResult<Self> {
+    fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<Stream>) -> PyResult<Self> {
         let source = obj.clone();
+        let requested = stream.map(Stream::value);
         // A borrow without an export: our own Tensor directly, else through the
         // producer's table.
         let borrowed = if let Ok(tensor) = source.cast_exact::<Tensor>() {
@@ -120,11 +127,11 @@ impl<'py> PyTensor<'py> {
             // One that does not validate is left for the owned import.
             let view = unsafe { TensorView::from_dltensor(&dl, padded) };
             // On ROCm only `__dlpack__` can order the producer's work before a stream.
-            let orderable = stream.is_none() || dl.device.device_type != DeviceType::ROCM;
+            let orderable = requested.is_none() || dl.device.device_type != DeviceType::ROCM;
             if let (Ok(view), true) = (view, orderable) {
                 // Unless asked, the data stays on the producer's stream, where the
                 // header says a borrower launches its kernels.
-                let ready = if stream.is_some() { settle(view.device(), ready, stream)? } else { ready };
+                let ready = if requested.is_some() { settle(view.device(), ready, requested)? } else { ready };
                 let borrow = acquire(&view, false)?;
                 return Ok(PyTensor { held: Held::Borrowed(view), source, ready, _borrow: borrow });
             }
@@ -198,11 +205,11 @@ impl<'py> PyTensorMut<'py> {
     }
 
     /// Extracts `obj` with its data ready on `stream`, as [`PyTensor::extract_on_stream`].
-    pub fn extract_on_stream(obj: &Bound<'py, PyAny>, stream: i64) -> PyResult<Self> {
+    pub fn extract_on_stream(obj: &Bound<'py, PyAny>, stream: Stream) -> PyResult<Self> {
         Self::extract_with(obj, Some(stream))
     }
 
-    fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<i64>) -> PyResult<Self> {
+    fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<Stream>) -> PyResult<Self> {
         let source = obj.clone();
         let (owned, ready) = import_for_extension(&source, stream)?;
         let refusal = match Writability::of(&owned) {

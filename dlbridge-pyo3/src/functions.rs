@@ -1,5 +1,6 @@
 //! The module-level functions of the `dlbridge` Python package.
 
+use dlbridge::streams::Stream;
 use dlbridge::OwnedTensor;
 use pyo3::prelude::*;
 
@@ -19,9 +20,12 @@ pub(crate) fn py_from_dlpack(
     copy: Option<bool>,
     stream: Option<i64>,
 ) -> PyResult<Tensor> {
+    // SAFETY: Python's protocols hand streams over as raw integers, which
+    // dlbridge passes on as they are (README, "Raw addresses").
+    let stream = stream.map(|s| unsafe { Stream::from_raw(s) });
     let options = ImportOptions { device: parse_device(device)?, copy, stream };
     let (owned, ready) = from_dlpack_ready(x, options)?;
-    Ok(Tensor::new(owned).with_ready_stream(ready))
+    Ok(Tensor::new(owned).ready_on(ready))
 }
 
 /// `asarray(obj, /, *, copy=None)`: a tensor from DLPack, the buffer protocol,
@@ -34,7 +38,7 @@ pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py
         return Ok(obj.clone().unbind());
     }
     let (owned, ready) = import_any_ready(obj, ImportOptions { copy, ..ImportOptions::default() })?;
-    Ok(Bound::new(obj.py(), Tensor::new(owned).with_ready_stream(ready))?.into_any().unbind())
+    Ok(Bound::new(obj.py(), Tensor::new(owned).ready_on(ready))?.into_any().unbind())
 }
 
 /// `empty(shape, dtype=None, *, shared=False)`: a CPU tensor whose memory Rust

@@ -54,6 +54,8 @@ fn _read_then_write(x: crate::PyTensor<'_>, mut y: crate::PyTensorMut<'_>) -> Py
 #[pyfunction]
 #[pyo3(signature = (x, stream=None, writable=false))]
 fn _argument_ready_stream(x: &Bound<'_, PyAny>, stream: Option<i64>, writable: bool) -> PyResult<Option<i64>> {
+    // SAFETY: a raw stream value from Python, as `from_dlpack(stream=)` takes one.
+    let stream = stream.map(|s| unsafe { dlbridge::streams::Stream::from_raw(s) });
     Ok(match (writable, stream) {
         (false, None) => x.extract::<crate::PyTensor<'_>>()?.ready_stream(),
         (false, Some(s)) => crate::PyTensor::extract_on_stream(x, s)?.ready_stream(),

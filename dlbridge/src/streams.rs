@@ -5,6 +5,49 @@
 use crate::device::DeviceType;
 use crate::error::Error;
 
+/// A stream value as the DLPack protocols hand it over: -1 (no
+/// synchronisation), a device's default stream, or a stream handle, which
+/// the driver dereferences. Safe code can name only the fixed values; a
+/// handle must be vouched for with [`Stream::from_raw`].
+///
+/// ```compile_fail,E0423
+/// // A handle cannot be made in safe code: the field is private...
+/// let stream = dlbridge::streams::Stream(0xdead);
+/// ```
+///
+/// ```compile_fail,E0133
+/// // ...and `from_raw` is unsafe.
+/// let stream = dlbridge::streams::Stream::from_raw(0xdead);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Stream(i64);
+
+impl Stream {
+    /// -1: the consumer asks for no synchronisation.
+    pub const NO_SYNC: Stream = Stream(-1);
+    /// CUDA's legacy default stream (`CU_STREAM_LEGACY`).
+    pub const CUDA_LEGACY: Stream = Stream(1);
+    /// CUDA's per-thread default stream (`CU_STREAM_PER_THREAD`).
+    pub const CUDA_PER_THREAD: Stream = Stream(2);
+    /// ROCm's default stream.
+    pub const ROCM_DEFAULT: Stream = Stream(0);
+
+    /// A stream from its protocol value.
+    ///
+    /// # Safety
+    /// `value` is one of the fixed values above or the handle of a live stream
+    /// (a `CUstream`), which stays alive for as long as any tensor that records
+    /// it as its ready stream is exported: dlbridge passes it to the driver.
+    pub const unsafe fn from_raw(value: i64) -> Stream {
+        Stream(value)
+    }
+
+    /// The protocol value.
+    pub const fn value(self) -> i64 {
+        self.0
+    }
+}
+
 /// What a producer does before handing a tensor to a consumer's stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncPlan {

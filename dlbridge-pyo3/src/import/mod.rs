@@ -18,7 +18,7 @@ mod interface;
 mod negotiate;
 mod numpy;
 
-use dlbridge::streams::SyncPlan;
+use dlbridge::streams::{Stream, SyncPlan};
 use dlbridge::{to_contiguous, Device, DeviceType, OwnedTensor};
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -47,7 +47,7 @@ pub struct ImportOptions {
     /// The consumer's stream, passed to a producer on a device with streams
     /// (CUDA, ROCm), which orders its pending work before it. `None` passes
     /// that device's legacy default stream (1 on CUDA, 0 on ROCm).
-    pub stream: Option<i64>,
+    pub stream: Option<Stream>,
 }
 
 /// Whether memory on `device` can be handed to a consumer that asked for `wanted`.
@@ -131,13 +131,14 @@ enum ReadyOn {
 fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
     owned.mark_aliased();
     let device = owned.view().device();
-    if let Some(stream) = options.stream.filter(|_| !device.device_type.has_streams()) {
+    let requested = options.stream.map(Stream::value);
+    if let Some(stream) = requested.filter(|_| !device.device_type.has_streams()) {
         return Err(PyValueError::new_err(format!("stream={stream} was given, but the tensor is on {device}, which has no streams")));
     }
     check_device_id(&owned)?;
-    let mut ready = match (ready_on, options.stream) {
+    let mut ready = match (ready_on, requested) {
         (ReadyOn::Producer, None) => ready,
-        _ => settle(device, ready, options.stream)?,
+        _ => settle(device, ready, requested)?,
     };
     if let Some(wanted) = options.device {
         // Managed memory asked for on the host: a copy is a host copy, and
@@ -231,7 +232,7 @@ pub fn import_any_ready(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyRes
 
 /// [`import_any_ready`] for an extension's argument: with no stream named, the
 /// data stays ready on the producer's stream (see [`crate::PyTensor::ready_stream`]).
-pub(crate) fn import_for_extension(obj: &Bound<'_, PyAny>, stream: Option<i64>) -> PyResult<Imported> {
+pub(crate) fn import_for_extension(obj: &Bound<'_, PyAny>, stream: Option<Stream>) -> PyResult<Imported> {
     import_anything(obj, ImportOptions { stream, ..ImportOptions::default() }, ReadyOn::Producer)
 }
 

@@ -111,7 +111,7 @@ pub(crate) fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
 /// when it was asked not to synchronise, with -1).
 pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptions) -> PyResult<(Bound<'py, PyAny>, Option<i64>)> {
     let py = obj.py();
-    let (stream, default) = match producer_stream(obj, options.stream)? {
+    let (stream, default) = match producer_stream(obj, options.stream.map(dlbridge::streams::Stream::value))? {
         Some((stream, default)) => (Some(stream), default),
         None => (None, None),
     };

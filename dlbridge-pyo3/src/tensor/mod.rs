@@ -20,6 +20,7 @@ mod tolist;
 
 use core::ffi::c_int;
 
+use dlbridge::streams::Stream;
 use dlbridge::{to_contiguous, DeviceType, Element, OwnedTensor, TensorView};
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError};
 use pyo3::prelude::*;
@@ -93,8 +94,14 @@ impl Tensor {
     }
 
     /// The same tensor, with its data ready on `stream` (device memory only;
-    /// -1, "not ordered", leaves no stream to wait for).
-    pub fn with_ready_stream(mut self, stream: Option<i64>) -> Self {
+    /// [`Stream::NO_SYNC`] leaves no stream to wait for).
+    pub fn with_ready_stream(self, stream: Option<Stream>) -> Self {
+        self.ready_on(stream.map(Stream::value))
+    }
+
+    /// [`with_ready_stream`](Self::with_ready_stream) with a protocol value that
+    /// came from a producer or a Python caller.
+    pub(crate) fn ready_on(mut self, stream: Option<i64>) -> Self {
         self.ready_stream = stream.filter(|&s| s != -1 && self.view().device().device_type.has_streams());
         self
     }
