@@ -10,7 +10,7 @@ use crate::error::Error;
 /// the driver dereferences. Safe code can name only the fixed values; a
 /// handle must be vouched for with [`Stream::from_raw`].
 ///
-/// ```compile_fail,E0423
+/// ```compile_fail,E0603
 /// // A handle cannot be made in safe code: the field is private...
 /// let stream = dlbridge::streams::Stream(0xdead);
 /// ```
