@@ -6,6 +6,8 @@
 //! On CUDA, each knows the stream its data is ready on ([`PyTensor::ready_stream`]):
 //! launch on it, or extract with `extract_on_stream(obj, your_stream)` to have
 //! your stream wait for the producer's work first (an event, no host sync).
+//! CUDA managed memory, which `view()` lets host code read, is waited for by
+//! the host at extraction.
 
 use dlbridge::streams::Stream;
 use dlbridge::{DeviceType, TensorView, TensorViewMut};
@@ -18,7 +20,7 @@ use crate::capsule::AnyOwned;
 use crate::convert::type_name;
 use crate::errors::IntoPyResult;
 use crate::exchange;
-use crate::import::{from_dlpack, import_for_extension, settle, ImportOptions};
+use crate::import::{from_dlpack, import_for_extension, settle, wait_if_managed, ImportOptions};
 use crate::tensor::Tensor;
 use crate::writability::Writability;
 
@@ -132,11 +134,13 @@ impl<'py> PyTensor<'py> {
                 // Unless asked, the data stays on the producer's stream, where the
                 // header says a borrower launches its kernels.
                 let ready = if requested.is_some() { settle(view.device(), ready, requested)? } else { ready };
+                wait_if_managed(view.device(), ready)?;
                 let borrow = acquire(&view, false)?;
                 return Ok(PyTensor { held: Held::Borrowed(view), source, ready, _borrow: borrow });
             }
         }
         let (owned, ready) = import_for_extension(&source, stream)?;
+        wait_if_managed(owned.view().device(), ready)?;
         let borrow = acquire(owned.view(), false)?;
         Ok(PyTensor { held: Held::Owned(owned), source, ready, _borrow: borrow })
     }
@@ -212,6 +216,7 @@ impl<'py> PyTensorMut<'py> {
     fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<Stream>) -> PyResult<Self> {
         let source = obj.clone();
         let (owned, ready) = import_for_extension(&source, stream)?;
+        wait_if_managed(owned.view().device(), ready)?;
         let refusal = match Writability::of(&owned) {
             Writability::Writable => None,
             Writability::ReadOnly => Some("its producer marked it read-only"),

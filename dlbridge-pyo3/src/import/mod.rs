@@ -71,6 +71,11 @@ fn move_to(owned: &AnyOwned, ready: Option<i64>, wanted: Device) -> PyResult<Imp
         // SAFETY: as just said.
         unsafe { dlbridge::cuda::to_host(view, ready, pinned) }.py()
     };
+    if let (DeviceType::CUDA_MANAGED, Some(ready)) = (from.device_type, ready) {
+        // The copies below read managed memory on the host.
+        // SAFETY: as said above.
+        unsafe { dlbridge::cuda::wait_on_host(from.device_id, ready) }.py()?;
+    }
     let copied: OwnedTensor = match wanted.device_type {
         DeviceType::CPU if on_cuda => to_host(false)?,
         DeviceType::CUDA_HOST if on_cuda || from.is_cpu_accessible() => to_host(true)?,
@@ -92,6 +97,16 @@ fn check_device_id(owned: &AnyOwned) -> PyResult<()> {
         Ok(actual) if actual != device.device_id => Err(PyBufferError::new_err(format!(
             "the producer says its tensor is on {device}, but its memory is on cuda:{actual}"
         ))),
+        _ => Ok(()),
+    }
+}
+
+/// After a host wait for managed memory, which host code is about to read
+/// (an extension's argument): a no-op for other memory.
+pub(crate) fn wait_if_managed(device: Device, ready: Option<i64>) -> PyResult<()> {
+    match ready {
+        // SAFETY: a stream value from the producer, as for `settle`.
+        Some(ready) if device.device_type == DeviceType::CUDA_MANAGED => unsafe { dlbridge::cuda::wait_on_host(device.device_id, ready) }.py(),
         _ => Ok(()),
     }
 }
@@ -136,10 +151,14 @@ fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyO
         return Err(PyValueError::new_err(format!("stream={stream} was given, but the tensor is on {device}, which has no streams")));
     }
     check_device_id(&owned)?;
+    // Copies and host reads that dlbridge itself makes are ordered after the
+    // producer's stream even when the caller passed -1 for the result.
+    let produced = ready;
     let mut ready = match (ready_on, requested) {
         (ReadyOn::Producer, None) => ready,
         _ => settle(device, ready, requested)?,
     };
+    let ours = ready.or(produced);
     if let Some(wanted) = options.device {
         // Managed memory asked for on the host: a copy is a host copy, and
         // the memory itself is waited for by the host before it is handed over.
@@ -150,9 +169,9 @@ fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyO
                     "cannot move a tensor from {device} to {wanted} without copying, and copy=False forbids it"
                 )));
             }
-            return move_to(&owned, ready, wanted);
+            return move_to(&owned, ours, wanted);
         }
-        if let (true, Some(stream)) = (host_bound, ready) {
+        if let (true, Some(stream)) = (host_bound, ours) {
             // SAFETY: a stream value as for `settle`.
             unsafe { dlbridge::cuda::wait_on_host(device.device_id, stream) }.py()?;
             ready = None;
@@ -161,11 +180,13 @@ fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyO
     match options.copy {
         Some(true) if !owned.is_copied() => {
             let copied: OwnedTensor = if device.device_type.has_streams() {
-                // SAFETY: `ready` is the producer's stream value, as for `move_to`.
-                unsafe { dlbridge::cuda::copy_on_device(owned.view(), ready) }.py()?
+                // SAFETY: `ours` is a stream value as for `move_to`.
+                unsafe { dlbridge::cuda::copy_on_device(owned.view(), ours) }.py()?
             } else {
                 to_contiguous(owned.view()).py()?
             };
+            // A managed copy is made by the host, complete when it returns.
+            let ready = if device.device_type == DeviceType::CUDA_MANAGED { None } else { ready };
             Ok((AnyOwned::Versioned(copied), ready))
         }
         Some(false) if owned.is_copied() => Err(PyBufferError::new_err(

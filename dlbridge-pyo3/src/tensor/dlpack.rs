@@ -234,11 +234,13 @@ impl Tensor {
             }
         }
         if request.copy == Some(true) {
-            if own.device_type.has_streams() && !host_bound {
+            if own.device_type.has_streams() && request.device == own {
+                // Fresh memory of the same kind: device memory copied on the
+                // consumer's stream, or managed memory copied by the host.
                 // SAFETY: a stream value as above.
                 return unsafe { dlbridge::cuda::copy_on_device::<M>(view, ready) }.py();
             }
-            // Host memory, or managed memory for a host consumer (waited for above).
+            // Host memory, or managed memory asked for on the host (waited for above).
             return to_contiguous::<M>(view).py();
         }
         let mut flags = this.writability.flags();

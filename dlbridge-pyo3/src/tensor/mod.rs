@@ -328,7 +328,7 @@ impl Tensor {
 
     /// A C-contiguous copy in fresh memory that Rust owns.
     fn copy(&self) -> PyResult<Tensor> {
-        let copied: OwnedTensor = to_contiguous(self.view()).py()?;
+        let copied: OwnedTensor = to_contiguous(self.cpu_view()?).py()?;
         Ok(Tensor::new(copied))
     }
 

@@ -57,6 +57,7 @@ pub(super) fn reduce_ex<'py>(slf: &Bound<'py, Tensor>, protocol: i64) -> PyResul
             view.device()
         )));
     }
+    this.wait_for_host()?;
     let source = if view.is_c_contiguous() {
         slf.clone()
     } else {

@@ -3,6 +3,7 @@
 //! between them and ordinary host memory. Each copy is queued on the stream
 //! the source's data is ready on.
 
+use core::ffi::c_uint;
 use core::ptr::NonNull;
 
 use super::{check, in_context, queue_on, wait_on_host, DevicePtr};
@@ -18,12 +19,26 @@ struct DeviceBuffer {
     device_id: i32,
 }
 
+/// `CU_MEM_ATTACH_GLOBAL`: managed memory any stream may reach.
+const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
+
 impl DeviceBuffer {
     fn new(device_id: i32, len: usize) -> Result<Self, Error> {
         in_context(device_id, |api| {
             let mut ptr = 0;
             // SAFETY: an allocation with a writable out pointer.
             check("cuMemAlloc", unsafe { (api.mem_alloc)(&mut ptr, len.max(1)) })?;
+            Ok(DeviceBuffer { ptr, device_id })
+        })
+    }
+
+    /// Managed memory (`cuMemAllocManaged`), readable and writable from the
+    /// host as from the device; freed by `cuMemFree` as well.
+    fn new_managed(device_id: i32, len: usize) -> Result<Self, Error> {
+        in_context(device_id, |api| {
+            let mut ptr = 0;
+            // SAFETY: an allocation with a writable out pointer.
+            check("cuMemAllocManaged", unsafe { (api.mem_alloc_managed)(&mut ptr, len.max(1), CU_MEM_ATTACH_GLOBAL) })?;
             Ok(DeviceBuffer { ptr, device_id })
         })
     }
@@ -198,14 +213,20 @@ pub fn to_device<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32) -> Result
     Ok(owned)
 }
 
-/// A copy of a CUDA tensor in fresh device memory on the same device (so a
-/// copy of managed memory is plain CUDA memory, labelled so), with the same
-/// layout, queued on `ready` (the stream its data is ready on, which the copy
-/// is then ready on too): no host synchronisation. IS_COPIED is set.
+/// A copy of a CUDA tensor in fresh memory of the same kind on the same
+/// device, with the same layout. Device memory is copied on `ready` (the
+/// stream its data is ready on, which the copy is then ready on too), with no
+/// host synchronisation. Managed memory is copied by the host once the host
+/// has waited for `ready`, into managed memory: the copy is then complete for
+/// any consumer, host or device. IS_COPIED is set.
 ///
 /// # Safety
 /// As [`to_host`], for `ready`.
 pub unsafe fn copy_on_device<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>) -> Result<Owned<M>, Error> {
+    if view.device().device_type == DeviceType::CUDA_MANAGED {
+        // SAFETY: forwarded from the caller.
+        return unsafe { copy_managed(view, ready) };
+    }
     require_cuda(view)?;
     let padded = padded_flags::<M>(view)?;
     let (start, len, first) = extent(view);
@@ -224,6 +245,33 @@ pub unsafe fn copy_on_device<M: ManagedAbi>(view: &TensorView<'_>, ready: Option
     let data = core::ptr::without_provenance_mut((dst as usize).wrapping_add(first));
     // SAFETY: the buffer holds the whole extent, element 0 at `first`.
     let mut owned: Owned<M> = unsafe { export_raw(buffer, data, layout_of(view, Device::cuda(device_id)), padded) }?;
+    owned.mark_copied();
+    Ok(owned)
+}
+
+/// [`copy_on_device`] for managed memory.
+///
+/// # Safety
+/// As [`to_host`], for `ready`.
+unsafe fn copy_managed<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>) -> Result<Owned<M>, Error> {
+    let padded = padded_flags::<M>(view)?;
+    let device_id = view.device().device_id;
+    if let Some(ready) = ready {
+        // SAFETY: forwarded from the caller.
+        unsafe { wait_on_host(device_id, ready) }?;
+    }
+    let (_, len, first) = extent(view);
+    let buffer = DeviceBuffer::new_managed(device_id, len)?;
+    // Managed memory comes from the driver as an address: exposed to Rust here.
+    let dst: *mut u8 = core::ptr::with_exposed_provenance_mut(buffer.ptr as usize);
+    if len > 0 {
+        // SAFETY: the view's extent is host-readable managed memory (validated,
+        // and waited for above); `dst` is a fresh allocation of `len` bytes.
+        unsafe { core::ptr::copy_nonoverlapping(view.as_ptr().cast::<u8>().wrapping_sub(first), dst, len) };
+    }
+    let device = Device::new(DeviceType::CUDA_MANAGED, device_id);
+    // SAFETY: the buffer holds the whole extent, element 0 at `first`, and is the owner.
+    let mut owned: Owned<M> = unsafe { export_raw(buffer, dst.wrapping_add(first).cast(), layout_of(view, device), padded) }?;
     owned.mark_copied();
     Ok(owned)
 }

@@ -162,6 +162,24 @@ pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut u64, len: usize) -> CuResult {
     }
 }
 
+/// # Safety
+/// `ptr` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(ptr: *mut u64, len: usize, flags: u32) -> CuResult {
+    let Ok(device) = context() else { return INVALID_CONTEXT };
+    if flags != 1 && flags != 2 {
+        return INVALID_VALUE; // CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST
+    }
+    match allocate(len, device, Kind::AllocManaged) {
+        Ok(address) => {
+            // SAFETY: the caller's out pointer.
+            unsafe { *ptr = address as u64 };
+            SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(ptr: u64) -> CuResult {
     result(free(ptr as usize, Kind::Alloc, Kind::Free))

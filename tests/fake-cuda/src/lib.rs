@@ -69,6 +69,8 @@ enum Kind {
     FreeHost = 12,
     /// pointer, device it is on (or -1)
     PointerQuery = 13,
+    /// address, bytes (managed memory; freed as `Free`)
+    AllocManaged = 14,
 }
 
 struct State {
@@ -168,9 +170,11 @@ fn allocate(len: usize, place: i64, kind: Kind) -> Result<usize, CuResult> {
     if ptr == 0 {
         return Err(OUT_OF_MEMORY);
     }
+    // Managed memory is freed like device memory.
+    let freed_as = if kind == Kind::AllocManaged { Kind::Alloc } else { kind };
     with_state(|s| {
         s.memory.insert(ptr, (size, place));
-        s.owned.insert(ptr, (size, kind));
+        s.owned.insert(ptr, (size, freed_as));
     });
     log(kind, ptr as i64, len as i64);
     Ok(ptr)

@@ -6,7 +6,7 @@ from dlpack_ctypes import FakeProducer
 from producers import labelled
 
 KINDS = {1: "create", 2: "record", 3: "wait", 4: "destroy", 5: "sync", 6: "dtoh", 7: "htod", 8: "dtod",
-         9: "alloc", 10: "free", 11: "alloc_host", 12: "free_host", 13: "pointer"}
+         9: "alloc", 10: "free", 11: "alloc_host", 12: "free_host", 13: "pointer", 14: "alloc_managed"}
 CU_EVENT_DISABLE_TIMING = 2
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dlbridge
-from producers import DunderProducer
+from producers import DunderProducer, table_producer
 
 
 def c_strides(shape):
@@ -134,17 +134,36 @@ def test_managed_memory_is_waited_for_by_the_host_before_the_host_reads_it(drive
     assert [r[:2] for r in driver.log()] == [("sync", 9)] and not h.is_copied, "zero-copy, after the host waited"
 
 
-def test_copies_of_managed_memory_are_labelled_by_where_they_are(driver):
+def test_copies_of_managed_memory(driver):
+    """On the host when the host is asked for; else managed memory again, copied by the host once
+    it has waited, so that the copy is complete for host and device consumers alike."""
     on_host = dlbridge.from_dlpack(managed(driver), device="cpu", copy=True)
     assert on_host.device == (1, 0) and on_host.is_copied and on_host.tolist() == [1.0, 2.0, 3.0]
-    on_device = dlbridge.from_dlpack(managed(driver), copy=True)
-    assert on_device.device == (2, 0), "fresh cuMemAlloc memory is plain CUDA memory, not managed"
-    assert host(on_device).tolist() == [1.0, 2.0, 3.0]
-    t = dlbridge.from_dlpack(managed(driver))
-    cap = t.__dlpack__(copy=True, max_version=(1, 3), stream=1)
-    assert dlbridge.from_dlpack(cap).device == (2, 0), "a CUDA consumer's copy: device memory"
-    cap = t.__dlpack__(copy=True, max_version=(1, 3))
-    assert dlbridge.from_dlpack(cap).device == (1, 0), "no stream: a host consumer's copy, in host memory"
+    driver.clear()
+    again = dlbridge.from_dlpack(managed(driver), copy=True, stream=9)
+    assert again.device == (13, 0) and again.is_copied and again.tolist() == [1.0, 2.0, 3.0]
+    assert [r[0] for r in driver.log()][-2:] == ["sync", "alloc_managed"], "waited for, then allocated and copied"
+    t = dlbridge.from_dlpack(managed(driver), stream=9)
+    for kwargs in ({"stream": 1}, {}):  # a CUDA consumer, and one with no stream (NumPy)
+        copy = dlbridge.from_dlpack(t.__dlpack__(copy=True, max_version=(1, 3), **kwargs))
+        assert copy.device == (13, 0) and copy.tolist() == [1.0, 2.0, 3.0]
+    copy = dlbridge.from_dlpack(t.__dlpack__(copy=True, max_version=(1, 3), dl_device=(1, 0)))
+    assert copy.device == (1, 0)
+    del on_host, again, t, copy
+
+
+def test_managed_memory_moved_to_a_device_is_waited_for_first(driver):
+    d = dlbridge.from_dlpack(managed(driver), device=(2, 0), stream=9)
+    assert d.device == (2, 0) and host(d).tolist() == [1.0, 2.0, 3.0]
+    kinds = driver.kinds()
+    assert kinds.index("sync") < kinds.index("htod"), kinds
+
+
+def test_minus_one_still_orders_the_copies_dlbridge_makes(driver):
+    x, _ = table_producer(work_stream=0x5000, make=lambda: driver.device_fake([1.0, 2.0], (2,)))
+    h = dlbridge.from_dlpack(x, device="cpu", stream=-1)
+    assert h.tolist() == [1.0, 2.0]
+    assert [r[:2] for r in driver.log() if r[0] in ("dtoh", "sync")] == [("dtoh", 0x5000), ("sync", 0x5000)]
 
 
 def test_an_exported_copy_is_queued_after_the_consumers_wait(driver):
