@@ -256,8 +256,8 @@ def test_copies_outlive_their_source():
 
 def test_managed_memory_is_read_on_the_host_and_copied_to_where_it_is_asked(cupy):
     """CuPy's managed allocations are kDLCUDAManaged (13): readable from the host once the GPU work
-    on them is done, which dlbridge waits for; a copy is plain device memory, or host memory when the
-    caller asks for the CPU."""
+    on them is done, which dlbridge waits for; a copy is managed memory again, or host memory when
+    the caller asks for the CPU."""
     previous = cupy.cuda.get_allocator()
     cupy.cuda.set_allocator(cupy.cuda.MemoryPool(cupy.cuda.malloc_managed).malloc)
     try:
@@ -271,5 +271,6 @@ def test_managed_memory_is_read_on_the_host_and_copied_to_where_it_is_asked(cupy
     h = dlbridge.from_dlpack(c, device="cpu", copy=True)
     assert h.device == (CPU, 0) and h.is_copied and h.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     d = dlbridge.from_dlpack(c, copy=True)
-    assert d.device == (CUDA, c.device.id) and memory_type(d.data_ptr) == CU_MEMORYTYPE_DEVICE
-    assert cupy.asnumpy(cupy.from_dlpack(d)).tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert d.device == (13, c.device.id) and d.is_copied and d.data_ptr != c.data.ptr
+    assert np.asarray(d).tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert cupy.asnumpy(cupy.from_dlpack(d) * 1).tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0], "a kernel reads it too"
