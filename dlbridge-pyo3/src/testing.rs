@@ -64,6 +64,58 @@ fn _argument_ready_stream(x: &Bound<'_, PyAny>, stream: Option<i64>, writable: b
     })
 }
 
+/// How many tensors exported by [`_contract_breaking_table`] have been deleted.
+static BROKEN_TABLE_DELETIONS: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(0);
+
+/// Values whose drop is counted: the owner behind the broken table's exports.
+struct Counted(Vec<f32>);
+
+impl core::ops::Deref for Counted {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.0
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        BROKEN_TABLE_DELETIONS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Exports a valid tensor, then returns 0 with a Python exception still set,
+/// which the API forbids.
+unsafe extern "C" fn export_then_leave_an_exception(_object: *mut core::ffi::c_void, out: *mut *mut dlbridge::ffi::DLManagedTensorVersioned) -> core::ffi::c_int {
+    let Ok(tensor) = dlbridge::OwnedTensor::from_owner(Counted(vec![1.0, 2.0]), &[2], None) else { return -1 };
+    // SAFETY: the caller's out pointer; the GIL is held, as the API requires.
+    unsafe {
+        *out = tensor.into_raw();
+        pyo3::ffi::PyErr_SetString(pyo3::ffi::PyExc_RuntimeError, c"left set by a broken table".as_ptr());
+    }
+    0
+}
+
+static BROKEN_TABLE: dlbridge::ffi::DLPackExchangeAPI = dlbridge::ffi::DLPackExchangeAPI {
+    header: dlbridge::ffi::DLPackExchangeAPIHeader { version: dlbridge::ffi::DLPackVersion::CURRENT, prev_api: core::ptr::null_mut() },
+    managed_tensor_allocator: None,
+    managed_tensor_from_py_object_no_sync: Some(export_then_leave_an_exception),
+    managed_tensor_to_py_object_no_sync: None,
+    dltensor_from_py_object_no_sync: None,
+    current_work_stream: None,
+};
+
+/// A "dlpack_exchange_api" capsule whose export succeeds but leaves a Python
+/// exception set, and how many of its exports were deleted so far.
+#[pyfunction]
+fn _contract_breaking_table(py: Python<'_>) -> PyResult<(Py<PyAny>, usize)> {
+    let table = core::ptr::addr_of!(BROKEN_TABLE).cast_mut().cast();
+    // SAFETY: a static table outlives the capsule; no destructor is needed.
+    let capsule = unsafe {
+        Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyCapsule_New(table, crate::exchange::EXCHANGE_API_CAPSULE_NAME.as_ptr(), None))?
+    };
+    Ok((capsule.unbind(), BROKEN_TABLE_DELETIONS.load(core::sync::atomic::Ordering::Relaxed)))
+}
+
 /// Adds the test hooks to `module`.
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(_exchange_api_calls, module)?)?;
@@ -71,5 +123,6 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(_live_borrows, module)?)?;
     module.add_function(wrap_pyfunction!(_read_then_write, module)?)?;
     module.add_function(wrap_pyfunction!(_argument_ready_stream, module)?)?;
+    module.add_function(wrap_pyfunction!(_contract_breaking_table, module)?)?;
     Ok(())
 }

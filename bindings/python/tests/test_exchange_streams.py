@@ -141,3 +141,26 @@ def test_a_producer_asked_without_keywords_is_ready_on_the_legacy_default():
 def test_a_producer_asked_without_keywords_is_ordered_before_the_callers_stream():
     with pytest.raises(BufferError, match="CUDA is not available"):
         dlbridge.from_dlpack(KeywordlessProducer(), stream=7)  # 7 must wait for the legacy default stream
+
+
+def test_a_table_that_succeeds_with_an_exception_set_falls_back_and_frees_its_export():
+    """The API says 0 means success with no exception; a table breaking that is not trusted: its
+    export is deleted once, the stray exception cleared, and `__dlpack__` asked instead."""
+    from dlbridge import _native
+    import numpy as np
+
+    capsule, deleted = _native._contract_breaking_table()
+    source = np.arange(3.0)
+
+    class Broken:
+        __dlpack_c_exchange_api__ = capsule
+
+        def __dlpack__(self, **kwargs):
+            return source.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    t = dlbridge.from_dlpack(Broken())
+    assert t.tolist() == [0.0, 1.0, 2.0], "__dlpack__'s tensor, not the table's"
+    assert _native._contract_breaking_table()[1] == deleted + 1, "the table's export deleted exactly once"
