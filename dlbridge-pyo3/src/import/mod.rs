@@ -71,11 +71,8 @@ fn move_to(owned: &AnyOwned, ready: Option<i64>, wanted: Device) -> PyResult<Imp
         // SAFETY: as just said.
         unsafe { dlbridge::cuda::to_host(view, ready, pinned) }.py()
     };
-    if let (DeviceType::CUDA_MANAGED, Some(ready)) = (from.device_type, ready) {
-        // The copies below read managed memory on the host.
-        // SAFETY: as said above.
-        unsafe { dlbridge::cuda::wait_on_host(from.device_id, ready) }.py()?;
-    }
+    // The copies below read managed memory on the host.
+    wait_if_managed(from, ready)?;
     let copied: OwnedTensor = match wanted.device_type {
         DeviceType::CPU if on_cuda => to_host(false)?,
         DeviceType::CUDA_HOST if on_cuda || from.is_cpu_accessible() => to_host(true)?,
@@ -101,8 +98,8 @@ fn check_device_id(owned: &AnyOwned) -> PyResult<()> {
     }
 }
 
-/// After a host wait for managed memory, which host code is about to read
-/// (an extension's argument): a no-op for other memory.
+/// Waits on the host for the work pending on CUDA managed memory, which host
+/// code is about to read; a no-op for other memory.
 pub(crate) fn wait_if_managed(device: Device, ready: Option<i64>) -> PyResult<()> {
     match ready {
         // SAFETY: a stream value from the producer, as for `settle`.
@@ -171,9 +168,8 @@ fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyO
             }
             return move_to(&owned, ours, wanted);
         }
-        if let (true, Some(stream)) = (host_bound, ours) {
-            // SAFETY: a stream value as for `settle`.
-            unsafe { dlbridge::cuda::wait_on_host(device.device_id, stream) }.py()?;
+        if host_bound {
+            wait_if_managed(device, ours)?;
             ready = None;
         }
     }

@@ -19,7 +19,7 @@ use super::Tensor;
 use crate::capsule::into_capsule;
 use crate::convert::parse_device_tuple;
 use crate::errors::IntoPyResult;
-use crate::import::reaches;
+use crate::import::{reaches, settle};
 use crate::owner::PyOwner;
 
 /// The parsed keywords of `__dlpack__`.
@@ -163,11 +163,7 @@ impl Tensor {
         if self.default_ordered.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let device = self.view().device();
-        let plan = dlbridge::streams::plan(device.device_type, self.ready_stream, None).py()?;
-        // SAFETY: the ready stream is the value this tensor's producer was given
-        // or reported; stream values are raw handles by the protocol's design.
-        unsafe { dlbridge::cuda::carry_out(device, plan) }.py()?;
+        settle(self.view().device(), self.ready_stream, None)?;
         self.default_ordered.store(true, Ordering::Relaxed);
         Ok(())
     }
@@ -222,10 +218,7 @@ impl Tensor {
                 // Managed memory for a host consumer: the host itself must wait.
                 this.wait_for_host()?;
             } else {
-                let plan = dlbridge::streams::plan(own.device_type, ready, request.stream).py()?;
-                // SAFETY: the ready stream as above, and the consumer's own stream,
-                // which the DLPack protocol hands over as a raw handle.
-                unsafe { dlbridge::cuda::carry_out(own, plan) }.py()?;
+                settle(own, ready, request.stream)?;
                 // A copy is then queued on the consumer's stream, so that what it
                 // waits for includes the copy; with -1 it stays on the data's.
                 if let Some(consumer) = request.stream.or(own.device_type.default_stream()).filter(|&s| s != -1) {

@@ -145,15 +145,7 @@ impl Tensor {
     /// Blocks until the GPU work pending on CUDA managed memory is done, before
     /// the host reads it: a kernel may still be writing it on the ready stream.
     pub(crate) fn wait_for_host(&self) -> PyResult<()> {
-        let device = self.view().device();
-        match self.ready_stream {
-            Some(ready) if device.device_type == DeviceType::CUDA_MANAGED => {
-                // SAFETY: the ready stream is the value this tensor's producer was
-                // given or reported; stream values are raw handles by the protocol's design.
-                unsafe { dlbridge::cuda::wait_on_host(device.device_id, ready) }.py()
-            }
-            _ => Ok(()),
-        }
+        crate::import::wait_if_managed(self.view().device(), self.ready_stream)
     }
 }
 
