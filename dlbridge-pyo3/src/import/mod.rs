@@ -175,14 +175,16 @@ fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyO
     }
     match options.copy {
         Some(true) if !owned.is_copied() => {
-            let copied: OwnedTensor = if device.device_type.has_streams() {
-                // SAFETY: `ours` is a stream value as for `move_to`.
-                unsafe { dlbridge::cuda::copy_on_device(owned.view(), ours) }.py()?
-            } else {
-                to_contiguous(owned.view()).py()?
-            };
+            if !device.device_type.has_streams() {
+                return Ok((AnyOwned::Versioned(to_contiguous(owned.view()).py()?), ready));
+            }
+            // Queued on the data's stream, or the legacy default when no work is
+            // pending; the copy is then ready there (and no longer "no pending work").
+            let on = ours.unwrap_or(Stream::CUDA_LEGACY.value());
+            // SAFETY: a stream value as for `move_to`.
+            let copied: OwnedTensor = unsafe { dlbridge::cuda::copy_on_device(owned.view(), Some(on)) }.py()?;
             // A managed copy is made by the host, complete when it returns.
-            let ready = if device.device_type == DeviceType::CUDA_MANAGED { None } else { ready };
+            let ready = if device.device_type == DeviceType::CUDA_MANAGED { None } else { Some(on) };
             Ok((AnyOwned::Versioned(copied), ready))
         }
         Some(false) if owned.is_copied() => Err(PyBufferError::new_err(

@@ -174,3 +174,14 @@ def test_an_exported_copy_is_queued_after_the_consumers_wait(driver):
     stream_of = {"record": 2, "wait": 1, "dtod": 1}  # where each call's stream is in its log row
     log = [(r[0], r[stream_of[r[0]]]) for r in driver.log() if r[0] in stream_of]
     assert log == [("record", 9), ("wait", 11), ("dtod", 11)], "the copy runs on 11, after 11 waited for 9"
+
+
+def test_a_device_copy_of_data_with_no_pending_work_says_where_it_was_queued(driver):
+    """A raw capsule carries no stream; the copy dlbridge queues for it runs on the legacy default
+    stream, and a consumer on another stream must be made to wait for that copy."""
+    fake = driver.device_fake([1.0, 2.0], (2,))
+    c = dlbridge.from_dlpack(fake.capsule(), copy=True)
+    assert c.__cuda_array_interface__["stream"] == 1
+    driver.clear()
+    c.__dlpack__(stream=11, max_version=(1, 3))
+    assert [(r[0], r[2] if r[0] == "record" else r[1]) for r in driver.log() if r[0] in ("record", "wait")] == [("record", 1), ("wait", 11)]
