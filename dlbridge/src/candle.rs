@@ -270,9 +270,7 @@ impl TensorView<'_> {
     /// for a dtype candle lacks (see [`dtype_to_candle`](crate::dtype_to_candle)).
     pub fn to_candle_copied(&self) -> Result<candle_core::Tensor, Error> {
         let dtype = dtype_to_candle(self.dtype())?;
-        if !self.device().is_cpu_accessible() {
-            return Err(Error::NotCpuAccessible { device: self.device() });
-        }
+        self.check_host_readable()?;
         if let Some(bytes) = self.as_bytes() {
             return from_bytes(bytes, dtype, self);
         }

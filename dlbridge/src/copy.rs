@@ -12,14 +12,28 @@ use crate::owned::{Owned, ManagedAbi};
 use crate::view::TensorView;
 
 /// An owned, C-contiguous copy of `view`, with IS_COPIED set on versioned
-/// tensors. A padded sub-byte view stays padded (and says so).
+/// tensors. A padded sub-byte view stays padded (and says so). Refused for
+/// memory the CPU cannot reach and for an aliased view ([`Error::Aliased`]).
+///
+/// The result's ABI is a type parameter: name it where the compiler cannot
+/// infer it.
+///
+/// ```
+/// use dlbridge::{to_contiguous, OwnedTensor};
+///
+/// // A transposed view of a row-major 2x3 tensor...
+/// let t = OwnedTensor::from_owner_mut(vec![0i32, 1, 2, 3, 4, 5], &[3, 2], Some(&[1, 3]))?;
+/// // ...copied into fresh row-major memory.
+/// let c: OwnedTensor = to_contiguous(t.view())?;
+/// assert_eq!(c.view().as_slice::<i32>(), Some(&[0, 3, 1, 4, 2, 5][..]));
+/// assert!(c.is_copied());
+/// # Ok::<(), dlbridge::Error>(())
+/// ```
 ///
 /// Packed sub-byte dtypes are copied only when the source is already
 /// contiguous; a strided packed layout is refused.
 pub fn to_contiguous<M: ManagedAbi>(view: &TensorView<'_>) -> Result<Owned<M>, Error> {
-    if !view.device().is_cpu_accessible() {
-        return Err(Error::NotCpuAccessible { device: view.device() });
-    }
+    view.check_host_readable()?;
     let padded = view.is_subbyte_padded() && view.dtype().is_sub_byte();
     if padded && !M::VERSIONED {
         return Err(Error::UnsupportedDtype { dtype: view.dtype(), operation: "a legacy tensor, which cannot flag padding," });

@@ -127,7 +127,8 @@ pub enum Error {
     NotContiguous,
     /// Write access was requested to a read-only tensor.
     ReadOnly,
-    /// Write access was requested to a tensor whose memory other paths may reach.
+    /// A write, or a typed read, was requested of a tensor whose memory other
+    /// paths may write, without a borrow that excludes them.
     Aliased,
     /// Write access was requested to a tensor whose elements overlap in memory.
     OverlappingMemory,
@@ -243,7 +244,8 @@ impl fmt::Display for Error {
             Error::ReadOnly => write!(f, "tensor is read-only"),
             Error::Aliased => write!(
                 f,
-                "tensor's memory may be reachable through other objects; write through an exclusive borrow (dlbridge_pyo3::PyTensorMut)"
+                "the tensor's memory can be reached through other objects, so it may be read or written only under a borrow \
+                 that excludes them (dlbridge-pyo3: PyTensor or .read() to read, PyTensorMut to write), or copied"
             ),
             Error::OverlappingMemory => write!(f, "tensor elements overlap in memory, so it cannot be written through"),
             Error::RankMismatch { expected, found } => write!(f, "expected {expected} dimensions, found {found}"),

@@ -16,8 +16,8 @@ use crate::element::Element;
 use crate::error::Error;
 use crate::ffi::{DLTensor, DLPACK_FLAG_BITMASK_READ_ONLY};
 use crate::owned::{Owned, ManagedAbi};
-use crate::layout::{element_count, extent_of, place_in_buffer, row_major_strides_into, Placement};
-use crate::view::{TensorView, MAX_NDIM};
+use crate::layout::{element_count, extent_of, place_in_buffer, row_major_strides_into, Placement, Small, MAX_NDIM};
+use crate::view::TensorView;
 use crate::Device;
 
 /// Where a raw export's elements are: the parts of a `DLTensor` other than the pointers.
@@ -122,13 +122,10 @@ pub unsafe fn export_view<M: ManagedAbi, O: Send + 'static>(
         byte_offset: 0,
     };
     let block: NonNull<M> = write_block(owner, view.as_ptr().cast_mut(), layout, view.len(), flags)?;
-    // SAFETY: the block was just written; its shape and strides arrays hold the
-    // view's values, so the view's validation carries over to them.
-    unsafe {
-        let dl = block.as_ref().dl_tensor();
-        let rebased = view.rebased(dl.shape, dl.strides, device);
-        Ok(Owned::from_validated(block, rebased).with_export_flags(flags))
-    }
+    // SAFETY: the block was just written with the view's layout, so the view's
+    // validation carries over; the caller keeps the memory valid until the
+    // owner, and so the block, is dropped.
+    unsafe { Ok(Owned::from_validated(block, view.relabelled(device)).with_export_flags(flags)) }
 }
 
 /// Allocates the one block of an export and moves `owner` into it, its final
@@ -243,10 +240,20 @@ pub(crate) unsafe fn export_placed<M: ManagedAbi, O: Send + 'static, T: Element>
     // SAFETY: forwarded from the caller.
     let block: NonNull<M> = unsafe { fill_block(block, element0.cast(), layout, place.numel, flags) };
     let size = core::mem::size_of::<T>() as isize;
+    let strides = match strides {
+        Some(strides) => Small::from_slice(strides),
+        None => {
+            let mut computed = Small::from_fn(shape.len(), |_| 0);
+            row_major_strides_into(shape, |axis, stride| computed.as_mut_slice()[axis] = stride);
+            computed
+        }
+    };
+    let extent = (place.lo as isize * size, (place.hi as isize + 1) * size);
     // SAFETY: the block was just written with this layout; the extent lies in a
     // live Rust allocation (the caller's proof), so it fits the address space.
     unsafe {
-        let view = TensorView::from_placed_unchecked(block.as_ref().dl_tensor(), place.numel, place.lo as isize * size, (place.hi as isize + 1) * size);
+        let element0 = if place.numel == 0 { core::ptr::null() } else { element0.cast_const().cast() };
+        let view = TensorView::from_placed(element0, shape, strides.as_slice(), T::DTYPE, place.numel, extent);
         Owned::from_validated(block, view).with_export_flags(flags)
     }
 }

@@ -4,7 +4,9 @@
 
 use crate::dtype::DataType;
 use crate::error::Error;
-use crate::view::MAX_NDIM;
+
+/// Most dimensions a tensor may have; NumPy allows the same 64.
+pub const MAX_NDIM: usize = 64;
 
 /// Hands `put(axis, stride)` the row-major strides of `shape`, last axis first,
 /// saturating on overflow. Returns false if they overflowed, which only an
@@ -134,6 +136,44 @@ pub fn byte_strides(strides: &[i64], itemsize: usize) -> impl ExactSizeIterator<
     strides.iter().map(move |&s| s.saturating_mul(size))
 }
 
+/// Whether `axes` (extent, stride), innermost first, are dense: each stride
+/// is the product of the extents inside it (axes of extent 1 skipped).
+pub(crate) fn is_contiguous<'s>(axes: impl Iterator<Item = (&'s i64, &'s i64)>, numel: usize) -> bool {
+    if numel <= 1 {
+        return true;
+    }
+    let mut expected = 1i64;
+    for (&dim, &stride) in axes {
+        if dim != 1 {
+            if stride != expected {
+                return false;
+            }
+            expected = expected.saturating_mul(dim);
+        }
+    }
+    true
+}
+
+/// Whether no two indices of a non-empty layout reach the same element: sorted
+/// by stride, each axis must step past everything the smaller ones cover.
+pub(crate) fn is_non_overlapping(shape: &[i64], strides: &[i64]) -> bool {
+    let mut axes: Small<(u128, u128)> = Small::new();
+    for (&d, &s) in shape.iter().zip(strides) {
+        if d > 1 {
+            axes.push((u128::from(s.unsigned_abs()), d as u128));
+        }
+    }
+    axes.as_mut_slice().sort_unstable();
+    let mut span = 1u128; // elements covered by the axes seen so far
+    for &(stride, dim) in axes.as_slice() {
+        if stride < span {
+            return false;
+        }
+        span += stride * (dim - 1);
+    }
+    true
+}
+
 /// Up to 8 values on the stack (every common rank), more on the heap: shapes
 /// and strides built on hot paths without allocating.
 #[derive(Clone, Debug)]
@@ -142,6 +182,12 @@ pub enum Small<T: Copy + Default> {
     Inline([T; 8], usize),
     /// More than 8.
     Heap(Vec<T>),
+}
+
+impl<T: Copy + Default> Default for Small<T> {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl<T: Copy + Default> Small<T> {
@@ -166,12 +212,51 @@ impl<T: Copy + Default> Small<T> {
         }
     }
 
+    /// No values.
+    pub fn new() -> Self {
+        Small::Inline([T::default(); 8], 0)
+    }
+
+    /// A copy of `values`.
+    pub fn from_slice(values: &[T]) -> Self {
+        Self::from_fn(values.len(), |i| values[i])
+    }
+
+    /// Appends a value, moving to the heap past 8.
+    pub fn push(&mut self, value: T) {
+        match self {
+            Small::Inline(values, len) if *len < 8 => {
+                values[*len] = value;
+                *len += 1;
+            }
+            Small::Inline(values, len) => {
+                let mut heap = values[..*len].to_vec();
+                heap.push(value);
+                *self = Small::Heap(heap);
+            }
+            Small::Heap(values) => values.push(value),
+        }
+    }
+
     /// The values.
     pub fn as_slice(&self) -> &[T] {
         match self {
             Small::Inline(values, len) => &values[..*len],
             Small::Heap(values) => values,
         }
+    }
+
+    /// The values, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        match self {
+            Small::Inline(values, len) => &mut values[..*len],
+            Small::Heap(values) => values,
+        }
+    }
+
+    /// The values in a `Vec`.
+    pub fn to_vec(&self) -> Vec<T> {
+        self.as_slice().to_vec()
     }
 }
 

@@ -85,7 +85,8 @@ pub use dtype::{DataType, DataTypeCode};
 pub use element::Element;
 pub use error::Error;
 pub use owned::{OwnedLegacyTensor, Owned, ManagedAbi, OwnedTensor};
-pub use view::{TensorView, MAX_NDIM};
+pub use layout::MAX_NDIM;
+pub use view::TensorView;
 pub use view_mut::TensorViewMut;
 
 /// The README's Rust example, compiled and run as a doctest.

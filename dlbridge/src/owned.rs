@@ -154,8 +154,8 @@ impl ManagedAbi for DLManagedTensor {
 /// by [`TensorView::from_dltensor`], on the way in.
 pub struct Owned<M: ManagedAbi> {
     ptr: NonNull<M>,
-    /// The validated view. Its `'static` is private: it borrows from `*ptr`, which
-    /// lives until `Drop`, and is only handed out re-borrowed from `&self`.
+    /// The validated view. Its `'static` is private: it reads data that `*ptr`
+    /// keeps alive until `Drop`, and is only handed out re-borrowed from `&self`.
     view: TensorView<'static>,
     /// Read-only whatever the ABI: a legacy struct has no flags to carry READ_ONLY,
     /// so a read-only export of one (or `mark_read_only`) is remembered here.
@@ -181,10 +181,12 @@ impl<M: ManagedAbi> Owned<M> {
     ///
     /// # Safety
     /// `ptr` must be NULL or point to a managed tensor that the caller owns, that
-    /// nothing else will use or delete, and whose `shape`, `strides` and data
-    /// are valid as [`TensorView::from_dltensor`] requires, until the deleter runs.
-    /// Unless the result is [marked aliased](Self::mark_aliased), nothing else may
-    /// access the data while a view from [`try_view_mut`](Self::try_view_mut) lives.
+    /// nothing else will use or delete, whose `shape` and `strides` are readable
+    /// during this call (they are copied), and whose data is valid as
+    /// [`TensorView::from_dltensor`] requires until the deleter runs. Unless the
+    /// result is [marked aliased](Self::mark_aliased), nothing else may write the
+    /// data while a read from [`view`](Self::view) lives, nor access it while a
+    /// view from [`try_view_mut`](Self::try_view_mut) lives.
     pub unsafe fn from_raw(ptr: *mut M) -> Result<Self, Error> {
         // SAFETY: forwarded from the caller.
         unsafe { Self::try_from_raw(ptr) }.map_err(|(err, ptr)| {
@@ -245,9 +247,23 @@ impl<M: ManagedAbi> Owned<M> {
         unsafe { self.ptr.as_ref() }
     }
 
-    /// The validated view of the tensor.
+    /// The validated view of the tensor. For a tensor [marked
+    /// aliased](Self::mark_aliased) it gives the layout and addresses, and
+    /// refuses typed reads with [`Error::Aliased`].
     pub fn view(&self) -> &TensorView<'_> {
         &self.view
+    }
+
+    /// The view with typed reads allowed even when the tensor is marked
+    /// aliased, for a caller that proves that nothing writes the data meanwhile
+    /// (a shared borrow in a registry, say).
+    ///
+    /// # Safety
+    /// Nothing may write the bytes this tensor reaches, through any other path,
+    /// while the result or anything read from it lives.
+    pub unsafe fn view_unchecked(&self) -> TensorView<'_> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.view.assume_unaliased() }
     }
 
     /// A view through which the data may be written, with the reason for a
@@ -275,16 +291,24 @@ impl<M: ManagedAbi> Owned<M> {
         if self.is_read_only() {
             return Err(Error::ReadOnly);
         }
-        TensorViewMut::from_view(self.view.clone())
+        // SAFETY: the caller proves exclusive access, so no other path writes either.
+        TensorViewMut::from_view(unsafe { self.view.assume_unaliased() })
     }
 
     /// Marks the data as reachable through other paths than this owner (a
     /// Python object it was imported from, another import of the same memory):
-    /// [`try_view_mut`](Self::try_view_mut) then refuses, and writes need
-    /// [`try_view_mut_unchecked`](Self::try_view_mut_unchecked) with a proof of
-    /// exclusive access. There is no way to clear it.
+    /// [`try_view_mut`](Self::try_view_mut) then refuses, and so do the typed
+    /// reads of [`view`](Self::view); both need a proof of exclusion
+    /// ([`try_view_mut_unchecked`](Self::try_view_mut_unchecked),
+    /// [`view_unchecked`](Self::view_unchecked)). There is no way to clear it.
     pub fn mark_aliased(&mut self) {
         self.aliased = true;
+        self.view.mark_aliased();
+    }
+
+    /// Whether the tensor was [marked aliased](Self::mark_aliased).
+    pub fn is_aliased(&self) -> bool {
+        self.aliased
     }
 
     /// Like [`try_view_mut`](Self::try_view_mut), `None` on refusal.

@@ -1,4 +1,4 @@
-//! Validated, borrowed views of a `DLTensor`.
+//! Validated views of a `DLTensor`.
 //!
 //! [`TensorView::from_dltensor`] is the one validation path: every foreign
 //! tensor, whether it comes from a capsule, the exchange API or C, passes through
@@ -14,10 +14,16 @@
 //! - the lowest and highest bytes reached, with negative strides and
 //!   `byte_offset`, are computed with checked arithmetic and fit the address space.
 //!
+//! # What the view keeps
+//! Shape and strides are copied at validation (inline up to 8 axes): a
+//! producer that rewrites its own arrays afterwards (torch's `unsqueeze_`,
+//! `as_strided_`) cannot change what the view reads or how far it reaches.
+//!
 //! # Limitations
 //! The view cannot know the size of the producer's allocation; it trusts the
-//! producer for that, as every DLPack consumer must. Memory that other owners
-//! share may change while a view is alive.
+//! producer for that, as every DLPack consumer must. A producer that frees or
+//! moves its storage after export (torch's `resize_`, `set_`) breaks every
+//! consumer, NumPy's included.
 
 use core::ffi::c_void;
 use core::marker::PhantomData;
@@ -27,50 +33,25 @@ use crate::dtype::DataType;
 use crate::element::Element;
 use crate::error::Error;
 use crate::ffi::DLTensor;
-use crate::layout::{byte_extent, element_count, element_extent, row_major_strides_into};
+use crate::layout::{
+    byte_extent, element_count, element_extent, is_contiguous, is_non_overlapping, row_major_strides_into, Small, MAX_NDIM,
+};
 use crate::Device;
 
-/// Most dimensions a tensor may have; NumPy allows the same 64.
-pub const MAX_NDIM: usize = 64;
-
-/// A slice that the view does not hold a reference to: a managed tensor's
-/// shape may live in the very allocation its deleter frees, and a reference
-/// held across that free would be invalid even if never used again.
-#[derive(Clone, Copy, Debug)]
-struct RawSlice {
-    ptr: *const i64,
-    len: usize,
-}
-
-impl RawSlice {
-    const EMPTY: RawSlice = RawSlice { ptr: core::ptr::NonNull::dangling().as_ptr(), len: 0 };
-
-    fn new(slice: &[i64]) -> Self {
-        RawSlice { ptr: slice.as_ptr(), len: slice.len() }
-    }
-
-    /// # Safety
-    /// The memory must still be valid, as it is for the view's lifetime.
-    unsafe fn get(&self) -> &[i64] {
-        // SAFETY: made from a valid slice that lives as long as the view.
-        unsafe { core::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-/// Strides that were given by the producer, or computed because it sent NULL.
-#[derive(Clone, Debug)]
-enum Strides {
-    Given(RawSlice),
-    Computed(Box<[i64]>),
-}
-
 /// A validated, read-only view of a tensor whose memory outlives `'a`.
+///
+/// A view of memory that other objects may write (one taken from
+/// [`Owned::view`](crate::Owned::view) after [`mark_aliased`](crate::Owned::mark_aliased))
+/// gives shape, strides and addresses, but refuses typed reads
+/// (`as_bytes`, `as_slice`, `as_array`, copies) with [`Error::Aliased`]:
+/// those need a borrow that excludes writers, such as dlbridge-pyo3's `read()`.
 #[derive(Clone, Debug)]
 pub struct TensorView<'a> {
     /// Address of element 0 (`data + byte_offset`); NULL-based when there are no elements.
     pub(crate) ptr: *const u8,
-    shape: RawSlice,
-    strides: Strides,
+    shape: Small<i64>,
+    strides: Small<i64>,
+    strides_were_null: bool,
     dtype: DataType,
     device: Device,
     numel: usize,
@@ -78,15 +59,27 @@ pub struct TensorView<'a> {
     lo: isize,
     hi: isize,
     padded: bool,
+    /// Other paths may write the data: typed reads need the caller's proof that none does.
+    aliased: bool,
     _data: PhantomData<&'a [u8]>,
 }
 
-// SAFETY: a view only reads through its pointers; the data it points at is
+// SAFETY: a view only reads through its pointer; the data it points at is
 // required (by `from_dltensor`'s contract) to stay valid and unmoved for `'a`,
-// whichever thread reads it.
+// whichever thread reads it. Shape and strides are the view's own.
 unsafe impl Send for TensorView<'_> {}
 // SAFETY: as above; no method mutates through `&self`.
 unsafe impl Sync for TensorView<'_> {}
+
+/// `n` values read from `ptr`, which need not be aligned.
+///
+/// # Safety
+/// `ptr` must point at `n` readable `i64`s (`n <= MAX_NDIM`).
+unsafe fn copy_dims(ptr: *const i64, n: usize) -> Small<i64> {
+    // SAFETY: forwarded from the caller; an unaligned read is explicit, so a C
+    // producer's misaligned array is read, not undefined behaviour.
+    Small::from_fn(n, |i| unsafe { ptr.add(i).read_unaligned() })
+}
 
 impl<'a> TensorView<'a> {
     /// Validates `tensor` and returns a view of it. `padded` says whether a
@@ -94,70 +87,61 @@ impl<'a> TensorView<'a> {
     ///
     /// # Safety
     /// - `tensor.shape`, and `tensor.strides` when not NULL, must point to
-    ///   `tensor.ndim` readable `i64` values (when `ndim` is in range) that stay
-    ///   unchanged for `'a`;
+    ///   `tensor.ndim` readable `i64` values (when `ndim` is in range) during
+    ///   this call; the view copies them, so they may change or go away after;
     /// - when the tensor has elements and its device is CPU-accessible, every byte
-    ///   the layout reaches must be readable for `'a`, as DLPack promises.
+    ///   the layout reaches must be readable for `'a`, as DLPack promises, and
+    ///   nothing may write those bytes while a slice or array read from the view
+    ///   lives (a view of memory others may write is for
+    ///   [`Owned::mark_aliased`](crate::Owned::mark_aliased)).
     ///
-    /// The `DLTensor` struct itself may go away sooner: the view copies its fields.
     /// Everything else (ndim, extents, dtype, NULL pointers, overflow) is checked.
     pub unsafe fn from_dltensor(tensor: &DLTensor, padded: bool) -> Result<Self, Error> {
         let ndim = usize::try_from(tensor.ndim)
             .ok()
             .filter(|&n| n <= MAX_NDIM)
             .ok_or(Error::NdimOutOfRange { ndim: i64::from(tensor.ndim), max: MAX_NDIM })?;
-        let shape: &'a [i64] = if ndim == 0 {
-            &[]
+        let shape = if ndim == 0 {
+            Small::new()
         } else if tensor.shape.is_null() {
             return Err(Error::NullShape { ndim: tensor.ndim });
         } else {
-            // SAFETY: non-NULL and, by this function's contract, `ndim` readable
-            // values that live for 'a.
-            unsafe { core::slice::from_raw_parts(tensor.shape, ndim) }
+            // SAFETY: non-NULL and, by this function's contract, `ndim` readable values.
+            unsafe { copy_dims(tensor.shape, ndim) }
         };
+        let strides_were_null = ndim > 0 && tensor.strides.is_null();
         let strides = if ndim == 0 {
-            Strides::Given(RawSlice::EMPTY)
-        } else if tensor.strides.is_null() {
+            Small::new()
+        } else if strides_were_null {
             // Row-major, as producers before DLPack 1.2 meant by NULL. The strides of
             // an empty tensor may overflow; they are never used, so zeros stand in.
-            let mut computed = vec![0i64; ndim].into_boxed_slice();
-            if !row_major_strides_into(shape, |axis, stride| computed[axis] = stride) {
-                computed.fill(0);
+            let mut computed = Small::from_fn(ndim, |_| 0);
+            if !row_major_strides_into(shape.as_slice(), |axis, stride| computed.as_mut_slice()[axis] = stride) {
+                computed.as_mut_slice().fill(0);
             }
-            Strides::Computed(computed)
+            computed
         } else {
             // SAFETY: as for `shape`.
-            Strides::Given(RawSlice::new(unsafe { core::slice::from_raw_parts(tensor.strides, ndim) }))
+            unsafe { copy_dims(tensor.strides, ndim) }
         };
+        let parts = Parts { shape, strides, strides_were_null, dtype: tensor.dtype, device: tensor.device, padded };
         // SAFETY: forwarded from the caller.
-        unsafe { Self::from_parts(tensor.data, tensor.byte_offset, shape, strides, tensor.dtype, tensor.device, padded) }
+        unsafe { Self::validate(tensor.data, tensor.byte_offset, parts) }
     }
 
     /// The common tail of validation.
-    unsafe fn from_parts(
-        data: *mut c_void,
-        byte_offset: u64,
-        shape: &'a [i64],
-        strides: Strides,
-        dtype: DataType,
-        device: Device,
-        padded: bool,
-    ) -> Result<Self, Error> {
+    unsafe fn validate(data: *mut c_void, byte_offset: u64, parts: Parts) -> Result<Self, Error> {
+        let Parts { shape, strides, strides_were_null, dtype, device, padded } = parts;
         dtype.validate()?;
         if device.device_type.name().is_none() {
             return Err(Error::UnknownDevice { device });
         }
-        let numel = element_count(shape)?;
-        let strides_slice: &[i64] = match &strides {
-            // SAFETY: checked readable by the caller for 'a.
-            Strides::Given(raw) => unsafe { raw.get() },
-            Strides::Computed(s) => s,
-        };
-        let overflow = || Error::ExtentOverflow { shape: shape.to_vec(), strides: strides_slice.to_vec(), byte_offset };
+        let numel = element_count(shape.as_slice())?;
+        let overflow = || Error::ExtentOverflow { shape: shape.to_vec(), strides: strides.to_vec(), byte_offset };
         let (lo, hi) = if numel == 0 {
             (0, 0)
         } else {
-            let (lo_elem, hi_elem) = element_extent(shape, strides_slice).ok_or_else(overflow)?;
+            let (lo_elem, hi_elem) = element_extent(shape.as_slice(), strides.as_slice()).ok_or_else(overflow)?;
             byte_extent(lo_elem, hi_elem, dtype, padded).ok_or_else(overflow)?
         };
         if numel > 0 && data.is_null() {
@@ -169,93 +153,100 @@ impl<'a> TensorView<'a> {
         let fits = numel == 0
             || (base.checked_add_signed(lo).is_some()
                 && base.checked_add_signed(hi).is_some_and(|end| end <= usize::MAX as u64)
-                && hi.checked_sub(lo).is_some());
+                && hi.checked_sub(lo).is_some_and(|span| span <= isize::MAX as i64));
         if !fits || byte_offset > isize::MAX as u64 {
             return Err(overflow());
         }
         Ok(TensorView {
             ptr: (data as *const u8).wrapping_add(byte_offset as usize),
-            shape: RawSlice::new(shape),
+            shape,
             strides,
+            strides_were_null,
             dtype,
             device,
             numel,
-            lo: lo as isize,
-            hi: hi as isize,
+            lo: if numel == 0 { 0 } else { lo as isize },
+            hi: if numel == 0 { 0 } else { hi as isize },
             padded,
+            aliased: false,
             _data: PhantomData,
         })
     }
 
-    /// A view of parts already proven valid, without validating them again:
-    /// the one constructor besides [`from_dltensor`](Self::from_dltensor).
+    /// The view of a layout already proven to lie in a live allocation
+    /// (an export of Rust memory), without validating it again: `numel`
+    /// elements reaching bytes `lo..hi` from `ptr`.
     ///
     /// # Safety
-    /// The parts must describe a well-formed tensor (valid dtype; `shape` and
-    /// `strides` hold `ndim` values, or are ignored for `ndim == 0`) whose `numel`
-    /// elements reach exactly bytes `lo..hi` relative to `ptr`, in memory valid
-    /// for the caller's lifetime; the two arrays must outlive the result.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn from_proven(
-        ptr: *const u8,
-        shape: *const i64,
-        strides: *const i64,
-        ndim: usize,
-        dtype: DataType,
-        device: Device,
-        numel: usize,
-        (lo, hi): (isize, isize),
-        padded: bool,
-    ) -> TensorView<'static> {
-        let raw = |ptr: *const i64| if ndim == 0 { RawSlice::EMPTY } else { RawSlice { ptr, len: ndim } };
+    /// `shape` and `strides` (same length, at most `MAX_NDIM`) must describe a
+    /// well-formed tensor of `dtype` with `numel` elements reaching exactly bytes
+    /// `lo..hi` relative to `ptr`, in memory valid for `'a`.
+    pub(crate) unsafe fn from_placed(ptr: *const u8, shape: &[i64], strides: &[i64], dtype: DataType, numel: usize, (lo, hi): (isize, isize)) -> Self {
         let (lo, hi) = if numel == 0 { (0, 0) } else { (lo, hi) };
-        TensorView { ptr, shape: raw(shape), strides: Strides::Given(raw(strides)), dtype, device, numel, lo, hi, padded, _data: PhantomData }
+        TensorView {
+            ptr,
+            shape: Small::from_slice(shape),
+            strides: Small::from_slice(strides),
+            strides_were_null: false,
+            dtype,
+            device: Device::CPU,
+            numel,
+            lo,
+            hi,
+            padded: false,
+            aliased: false,
+            _data: PhantomData,
+        }
     }
 
-    /// The view of a tensor whose bytes `lo..hi` (relative to element 0) are
-    /// known to lie in a live allocation, without validating it again.
+    /// The same view, as seen on `device` (which must reach the same memory),
+    /// for a lifetime the caller vouches for.
     ///
     /// # Safety
-    /// As [`from_proven`](Self::from_proven), for `tensor`'s fields.
-    pub(crate) unsafe fn from_placed_unchecked(tensor: &DLTensor, numel: usize, lo: isize, hi: isize) -> TensorView<'static> {
-        let ptr = (tensor.data as *const u8).wrapping_add(tensor.byte_offset as usize);
-        // SAFETY: forwarded from the caller.
-        unsafe { Self::from_proven(ptr, tensor.shape, tensor.strides, tensor.ndim as usize, tensor.dtype, tensor.device, numel, (lo, hi), false) }
+    /// The memory must stay valid for `'b`, as [`from_dltensor`](Self::from_dltensor) requires.
+    pub(crate) unsafe fn relabelled<'b>(&self, device: Device) -> TensorView<'b> {
+        TensorView { device, _data: PhantomData, ..self.clone() }
     }
 
-    /// The same view, reading shape and strides from copies at `shape` and
-    /// `strides` (NULL for 0-d), as seen on `device`.
+    /// Marks the data as writable through other paths: typed reads then refuse.
+    pub(crate) fn mark_aliased(&mut self) {
+        self.aliased = true;
+    }
+
+    /// The same view with typed reads allowed, for a caller that proves that
+    /// nothing writes the data meanwhile.
     ///
     /// # Safety
-    /// The two arrays must hold this view's shape and strides and outlive the result.
-    pub(crate) unsafe fn rebased(&self, shape: *const i64, strides: *const i64, device: Device) -> TensorView<'static> {
-        // SAFETY: this view was validated; only where its shape and strides are read changes.
-        unsafe { Self::from_proven(self.ptr, shape, strides, self.shape.len, self.dtype, device, self.numel, (self.lo, self.hi), self.padded) }
+    /// Nothing may write the bytes this view reaches, through any other path,
+    /// while the result or anything read from it lives.
+    pub unsafe fn assume_unaliased(&self) -> TensorView<'_> {
+        TensorView { aliased: false, _data: PhantomData, ..self.clone() }
+    }
+
+    /// Whether other paths may write the data, so that typed reads refuse
+    /// (see the type's documentation).
+    pub fn is_aliased(&self) -> bool {
+        self.aliased
     }
 
     /// Extent of each axis.
     pub fn shape(&self) -> &[i64] {
-        // SAFETY: validated readable and unchanging for 'a, which outlives &self.
-        unsafe { self.shape.get() }
+        self.shape.as_slice()
     }
 
     /// Stride of each axis in elements; computed row-major when the producer sent NULL.
     pub fn strides(&self) -> &[i64] {
-        match &self.strides {
-            // SAFETY: as for `shape`.
-            Strides::Given(raw) => unsafe { raw.get() },
-            Strides::Computed(s) => s,
-        }
+        self.strides.as_slice()
     }
 
     /// Whether the producer sent NULL strides, which were then computed.
     pub fn strides_were_null(&self) -> bool {
-        matches!(self.strides, Strides::Computed(_))
+        self.strides_were_null
     }
 
     /// Number of dimensions.
     pub fn ndim(&self) -> usize {
-        self.shape.len
+        self.shape.as_slice().len()
     }
 
     /// Number of elements.
@@ -308,43 +299,35 @@ impl<'a> TensorView<'a> {
 
     /// Whether the elements are laid out row-major with no gaps.
     pub fn is_c_contiguous(&self) -> bool {
-        contiguous(self.shape().iter().zip(self.strides()).rev(), self.numel)
+        is_contiguous(self.shape().iter().zip(self.strides()).rev(), self.numel)
     }
 
     /// Whether the elements are laid out column-major with no gaps.
     pub fn is_f_contiguous(&self) -> bool {
-        contiguous(self.shape().iter().zip(self.strides()), self.numel)
+        is_contiguous(self.shape().iter().zip(self.strides()), self.numel)
     }
 
     /// Whether no two indices share an element (no zero strides over extents > 1,
     /// no interleaving). Write access needs this.
     pub fn is_non_overlapping(&self) -> bool {
-        if self.numel <= 1 {
-            return true;
-        }
-        let mut axes: Vec<(u128, u128)> = self
-            .shape()
-            .iter()
-            .zip(self.strides())
-            .filter(|(&d, _)| d > 1)
-            .map(|(&d, &s)| (u128::from(s.unsigned_abs()), d as u128))
-            .collect();
-        axes.sort_unstable();
-        let mut span = 1u128; // elements covered by the axes seen so far
-        for (stride, dim) in axes {
-            if stride < span {
-                return false;
-            }
-            span += stride * (dim - 1);
-        }
-        true
+        self.numel <= 1 || is_non_overlapping(self.shape(), self.strides())
     }
 
-    /// Checks that the memory is CPU-accessible and holds `T`s, aligned for `T`.
-    pub(crate) fn check_typed<T: Element>(&self) -> Result<(), Error> {
+    /// Checks that the elements may be read by the CPU as Rust values: the
+    /// memory is CPU-accessible and no other path may write it.
+    pub(crate) fn check_host_readable(&self) -> Result<(), Error> {
         if !self.device.is_cpu_accessible() {
             return Err(Error::NotCpuAccessible { device: self.device });
         }
+        if self.aliased {
+            return Err(Error::Aliased);
+        }
+        Ok(())
+    }
+
+    /// Checks that the memory is host-readable and holds `T`s, aligned for `T`.
+    pub(crate) fn check_typed<T: Element>(&self) -> Result<(), Error> {
+        self.check_host_readable()?;
         if self.dtype != T::DTYPE {
             return Err(Error::DtypeMismatch { expected: T::DTYPE, found: self.dtype });
         }
@@ -355,22 +338,28 @@ impl<'a> TensorView<'a> {
         Ok(())
     }
 
-    /// The raw bytes of a C-contiguous, CPU-accessible tensor, in index order.
+    /// The raw bytes of a C-contiguous, host-readable tensor, in index order.
     /// `None` otherwise.
     pub fn as_bytes(&self) -> Option<&'a [u8]> {
-        if !self.device.is_cpu_accessible() || !self.is_c_contiguous() {
-            return None;
-        }
-        if self.numel == 0 {
-            return Some(&[]);
-        }
-        // SAFETY: validation proved ptr+lo..ptr+hi lies in the address space and,
-        // by `from_dltensor`'s contract, is readable for 'a; a C-contiguous layout
-        // has lo == 0 and hi == nbytes.
-        Some(unsafe { core::slice::from_raw_parts(self.ptr, self.hi as usize) })
+        self.try_as_bytes().ok()
     }
 
-    /// The elements as a slice, when the tensor is C-contiguous, CPU-accessible,
+    /// Like [`as_bytes`](Self::as_bytes), with the reason for a refusal.
+    pub fn try_as_bytes(&self) -> Result<&'a [u8], Error> {
+        self.check_host_readable()?;
+        if !self.is_c_contiguous() {
+            return Err(Error::NotContiguous);
+        }
+        if self.numel == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: validation proved ptr+lo..ptr+hi lies in the address space and,
+        // by `from_dltensor`'s contract, is readable and unwritten for 'a (the
+        // view is not aliased); a C-contiguous layout has lo == 0 and hi == nbytes.
+        Ok(unsafe { core::slice::from_raw_parts(self.ptr, self.hi as usize) })
+    }
+
+    /// The elements as a slice, when the tensor is C-contiguous, host-readable,
     /// of dtype `T::DTYPE`, aligned for `T`, and holds only valid `T` values.
     pub fn as_slice<T: Element>(&self) -> Option<&'a [T]> {
         self.try_as_slice().ok()
@@ -379,7 +368,7 @@ impl<'a> TensorView<'a> {
     /// Like [`as_slice`](Self::as_slice), with the reason for a refusal.
     pub fn try_as_slice<T: Element>(&self) -> Result<&'a [T], Error> {
         self.check_typed::<T>()?;
-        let bytes = self.as_bytes().ok_or(Error::NotContiguous)?;
+        let bytes = self.try_as_bytes()?;
         if !T::bit_patterns_valid(bytes) {
             return Err(Error::InvalidValues { dtype: self.dtype });
         }
@@ -393,18 +382,12 @@ impl<'a> TensorView<'a> {
     }
 }
 
-fn contiguous<'s>(axes: impl Iterator<Item = (&'s i64, &'s i64)>, numel: usize) -> bool {
-    if numel <= 1 {
-        return true;
-    }
-    let mut expected = 1i64;
-    for (&dim, &stride) in axes {
-        if dim != 1 {
-            if stride != expected {
-                return false;
-            }
-            expected *= dim;
-        }
-    }
-    true
+/// The parts of a tensor that validation checks, besides its pointers.
+struct Parts {
+    shape: Small<i64>,
+    strides: Small<i64>,
+    strides_were_null: bool,
+    dtype: DataType,
+    device: Device,
+    padded: bool,
 }

@@ -181,12 +181,83 @@ fn shared_arc_array_legacy_export_is_read_only() {
 }
 
 #[test]
-fn aliased_tensors_need_a_proof_of_exclusive_access_to_write() {
+fn aliased_tensors_need_a_proof_of_exclusion_to_write_or_read() {
     let mut t = OwnedTensor::from_vec(vec![1u8, 2, 3], &[3]).unwrap();
     t.mark_aliased();
+    assert!(t.is_aliased() && t.view().is_aliased());
     assert!(matches!(t.try_view_mut(), Err(Error::Aliased)));
+    // Every typed read of an aliased view refuses; the layout stays readable.
+    assert_eq!(t.view().try_as_bytes(), Err(Error::Aliased));
+    assert_eq!(t.view().try_as_slice::<u8>(), Err(Error::Aliased));
+    assert!(matches!(to_contiguous::<dlbridge::ffi::DLManagedTensorVersioned>(t.view()), Err(Error::Aliased)));
+    assert_eq!((t.view().shape(), t.view().len()), (&[3i64][..], 3));
     // SAFETY: nothing else reaches this Vec: the test owns it alone.
     let mut view = unsafe { t.try_view_mut_unchecked() }.unwrap();
     view.as_slice_mut::<u8>().unwrap()[0] = 9;
-    assert_eq!(t.view().as_slice::<u8>(), Some(&[9u8, 2, 3][..]));
+    // Reads through the mutable view are proven exclusive already.
+    assert_eq!(view.view().as_slice::<u8>(), Some(&[9u8, 2, 3][..]));
+    // SAFETY: as above: no other path writes the Vec.
+    let read = unsafe { t.view_unchecked() };
+    assert_eq!(read.as_slice::<u8>(), Some(&[9u8, 2, 3][..]));
+    assert!(!read.is_aliased() && t.view().is_aliased());
+}
+
+/// A producer that rewrites its shape and strides in place after export, as
+/// torch's `unsqueeze_`, `t_` and `as_strided_` do, then frees them: the view
+/// keeps what it validated, and reads or copies nothing beyond it.
+#[test]
+fn views_keep_their_own_shape_and_strides() {
+    let data: Vec<f32> = (0..8).map(|v| v as f32).collect();
+    for ndim in [1usize, 8, 9, 64] {
+        let mut shape = vec![1i64; ndim];
+        let mut strides = vec![1i64; ndim];
+        shape[ndim - 1] = 4;
+        let dl = DLTensor {
+            data: data.as_ptr().cast_mut().cast(),
+            device: Device::CPU,
+            ndim: ndim as i32,
+            dtype: DataType::FLOAT32,
+            shape: shape.as_mut_ptr(),
+            strides: strides.as_mut_ptr(),
+            byte_offset: 0,
+        };
+        // SAFETY: `dl` describes four live floats; shape and strides are read now.
+        let view = unsafe { TensorView::from_dltensor(&dl, false) }.unwrap();
+        // The producer now claims twice the elements at twice the stride, then
+        // frees its arrays: a view that kept pointers would read freed memory
+        // and copy 8 elements' worth into a 4-element buffer.
+        shape[ndim - 1] = 8;
+        strides[ndim - 1] = 2;
+        drop((shape, strides));
+        assert_eq!(view.shape()[ndim - 1], 4);
+        assert_eq!(view.strides()[ndim - 1], 1);
+        assert_eq!((view.len(), view.nbytes()), (4, 16));
+        let copy: OwnedTensor = to_contiguous(&view).unwrap();
+        assert_eq!(copy.view().as_slice::<f32>(), Some(&[0.0, 1.0, 2.0, 3.0][..]));
+    }
+}
+
+/// Shape and strides are read unaligned: a C producer's misaligned arrays
+/// are data, not undefined behaviour.
+#[test]
+fn misaligned_shape_and_strides_are_read() {
+    let data = [7u8; 6];
+    let mut words = [0u8; 8 * 4 + 1];
+    words[1..9].copy_from_slice(&2i64.to_ne_bytes());
+    words[9..17].copy_from_slice(&3i64.to_ne_bytes());
+    words[17..25].copy_from_slice(&3i64.to_ne_bytes());
+    words[25..33].copy_from_slice(&1i64.to_ne_bytes());
+    let base = words.as_mut_ptr();
+    let dl = DLTensor {
+        data: data.as_ptr().cast_mut().cast(),
+        device: Device::CPU,
+        ndim: 2,
+        dtype: DataType::UINT8,
+        shape: base.wrapping_add(1).cast(),
+        strides: base.wrapping_add(17).cast(),
+        byte_offset: 0,
+    };
+    // SAFETY: the arrays hold 2 readable i64 each (misaligned), the data 6 bytes.
+    let view = unsafe { TensorView::from_dltensor(&dl, false) }.unwrap();
+    assert_eq!((view.shape(), view.strides()), (&[2i64, 3][..], &[3i64, 1][..]));
 }

@@ -126,6 +126,8 @@ fn require_cuda(view: &TensorView<'_>) -> Result<(), Error> {
 pub unsafe fn to_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, pinned: bool) -> Result<Owned<M>, Error> {
     let padded = padded_flags::<M>(view)?;
     if view.device().is_cpu_accessible() {
+        // The host reads it below.
+        view.check_host_readable()?;
         if let (Some(ready), true) = (ready, view.device().device_type.has_streams()) {
             // A kernel may still be writing managed memory on that stream.
             // SAFETY: a stream the caller vouches for.
@@ -198,7 +200,7 @@ pub fn to_device<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32) -> Result
         contiguous = crate::to_contiguous::<crate::ffi::DLManagedTensorVersioned>(view)?;
         contiguous.view()
     };
-    let bytes = view.as_bytes().ok_or(Error::NotCpuAccessible { device: view.device() })?;
+    let bytes = view.try_as_bytes()?;
     let buffer = DeviceBuffer::new(device_id, bytes.len())?;
     let ptr = buffer.ptr;
     if !bytes.is_empty() {
