@@ -41,25 +41,33 @@ use crate::writability::Writability;
 /// }
 /// ```
 pub struct PyTensor<'py> {
-    held: Held,
+    /// Readable under `_borrow`. Its `'static` is private: the data lives as
+    /// long as `owned` (or `source`, for a borrowed fill), and the view is only
+    /// handed out reborrowed from `&self`.
+    view: TensorView<'static>,
+    /// The owning import; `None` for a non-owning fill, which `source` keeps alive.
+    owned: Option<AnyOwned>,
     source: Bound<'py, PyAny>,
     ready: Option<i64>,
     _borrow: Borrow,
 }
 
-enum Held {
-    Owned(AnyOwned),
-    /// The validated view of a non-owning fill; it points into the source's memory.
-    Borrowed(TensorView<'static>),
+/// `owned`'s view with typed reads allowed, for as long as `owned` lives.
+///
+/// # Safety
+/// The caller holds a registry borrow of the bytes for as long as it uses the
+/// result, and keeps `owned` alive (not necessarily in place: the data is
+/// on the heap) at least as long.
+unsafe fn view_under_borrow(owned: &AnyOwned) -> TensorView<'static> {
+    // SAFETY: forwarded from the caller; a view owns its shape and strides, so
+    // only the data, which `owned` keeps alive and never moves, is borrowed.
+    unsafe { core::mem::transmute::<TensorView<'_>, TensorView<'static>>(owned.view_unchecked()) }
 }
 
 impl<'py> PyTensor<'py> {
-    /// The validated view.
+    /// The validated view, readable (slices, arrays) while the argument lives.
     pub fn view(&self) -> &TensorView<'_> {
-        match &self.held {
-            Held::Owned(owned) => owned.view(),
-            Held::Borrowed(view) => view,
-        }
+        &self.view
     }
 
     /// The Python object the tensor came from.
@@ -104,13 +112,14 @@ impl<'py> PyTensor<'py> {
     /// An owned tensor, for keeping beyond the call (a borrowed one is imported
     /// through DLPack first).
     pub fn into_owned(self) -> PyResult<AnyOwned> {
-        match self.held {
-            Held::Owned(owned) => Ok(owned),
-            Held::Borrowed(_) => from_dlpack(&self.source, ImportOptions::default()),
+        match self.owned {
+            Some(owned) => Ok(owned),
+            None => from_dlpack(&self.source, ImportOptions::default()),
         }
     }
 
     fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<Stream>) -> PyResult<Self> {
+        crate::borrows::prepare();
         let source = obj.clone();
         let requested = stream.map(Stream::value);
         // A borrow without an export: our own Tensor directly, else through the
@@ -135,14 +144,17 @@ impl<'py> PyTensor<'py> {
                 // header says a borrower launches its kernels.
                 let ready = if requested.is_some() { settle(view.device(), ready, requested)? } else { ready };
                 wait_if_managed(view.device(), ready)?;
-                let borrow = acquire(&view, false)?;
-                return Ok(PyTensor { held: Held::Borrowed(view), source, ready, _borrow: borrow });
+                let borrow = acquire(&view, false, || type_name(&source))?;
+                return Ok(PyTensor { view, owned: None, source, ready, _borrow: borrow });
             }
         }
         let (owned, ready) = import_for_extension(&source, stream)?;
         wait_if_managed(owned.view().device(), ready)?;
-        let borrow = acquire(owned.view(), false)?;
-        Ok(PyTensor { held: Held::Owned(owned), source, ready, _borrow: borrow })
+        let borrow = acquire(owned.view(), false, || type_name(&source))?;
+        // SAFETY: the shared borrow just taken lives as long as the PyTensor,
+        // and so does `owned`, which keeps the data alive.
+        let view = unsafe { view_under_borrow(&owned) };
+        Ok(PyTensor { view, owned: Some(owned), source, ready, _borrow: borrow })
     }
 }
 
@@ -176,6 +188,8 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyTensor<'py> {
 /// }
 /// ```
 pub struct PyTensorMut<'py> {
+    /// For reads between writes; `'static` is private, as in [`PyTensor`].
+    view: TensorView<'static>,
     owned: AnyOwned,
     source: Bound<'py, PyAny>,
     ready: Option<i64>,
@@ -183,9 +197,10 @@ pub struct PyTensorMut<'py> {
 }
 
 impl<'py> PyTensorMut<'py> {
-    /// A read-only view, for shape, strides and reads.
+    /// A read-only view, for shape, strides and reads: its slices end before
+    /// the next [`view_mut`](Self::view_mut).
     pub fn view(&self) -> &TensorView<'_> {
-        self.owned.view()
+        &self.view
     }
 
     /// The writable view; writes are seen in the caller's own object.
@@ -214,6 +229,7 @@ impl<'py> PyTensorMut<'py> {
     }
 
     fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<Stream>) -> PyResult<Self> {
+        crate::borrows::prepare();
         let source = obj.clone();
         let (owned, ready) = import_for_extension(&source, stream)?;
         wait_if_managed(owned.view().device(), ready)?;
@@ -239,8 +255,12 @@ impl<'py> PyTensorMut<'py> {
                 type_name(&source)
             )));
         }
-        let borrow = acquire(owned.view(), true)?;
-        Ok(PyTensorMut { owned, source, ready, _borrow: borrow })
+        let borrow = acquire(owned.view(), true, || type_name(&source))?;
+        // SAFETY: the exclusive borrow just taken lives as long as the
+        // PyTensorMut, and so does `owned`; reads through this view and writes
+        // through `view_mut` need `&self` and `&mut self`, so never overlap.
+        let view = unsafe { view_under_borrow(&owned) };
+        Ok(PyTensorMut { view, owned, source, ready, _borrow: borrow })
     }
 }
 

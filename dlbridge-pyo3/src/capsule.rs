@@ -24,11 +24,34 @@ pub enum AnyOwned {
 }
 
 impl AnyOwned {
-    /// The validated view.
+    /// The validated view: shape, strides, dtype, device and addresses. For a
+    /// tensor imported from Python (marked aliased) its typed reads refuse:
+    /// read through [`read`](Self::read).
     pub fn view(&self) -> &TensorView<'_> {
         match self {
             AnyOwned::Versioned(t) => t.view(),
             AnyOwned::Legacy(t) => t.view(),
+        }
+    }
+
+    /// A shared borrow of the tensor's bytes in the process's borrow registry,
+    /// with a view whose typed reads (`as_slice`, `try_as_array`, copies) work
+    /// while it lives. BufferError while a [`PyTensorMut`](crate::PyTensorMut)
+    /// of overlapping memory is alive, in any extension.
+    pub fn read(&self) -> PyResult<crate::ReadGuard<'_>> {
+        // SAFETY: memory that Python objects can reach is written from Rust only
+        // under an exclusive borrow of the registry (`PyTensorMut`); an unaliased
+        // owner is written only through `try_view_mut`, which needs `&mut self`.
+        unsafe { crate::ReadGuard::new(self.view()) }
+    }
+
+    /// Whether the memory is reachable through other objects (anything imported
+    /// from Python is), so that reads need [`read`](Self::read) and writes a
+    /// [`PyTensorMut`](crate::PyTensorMut).
+    pub fn is_aliased(&self) -> bool {
+        match self {
+            AnyOwned::Versioned(t) => t.is_aliased(),
+            AnyOwned::Legacy(t) => t.is_aliased(),
         }
     }
 
@@ -53,6 +76,20 @@ impl AnyOwned {
             match self {
                 AnyOwned::Versioned(t) => t.try_view_mut_unchecked(),
                 AnyOwned::Legacy(t) => t.try_view_mut_unchecked(),
+            }
+        }
+    }
+
+    /// The view with typed reads allowed.
+    ///
+    /// # Safety
+    /// As [`dlbridge::Owned::view_unchecked`].
+    pub(crate) unsafe fn view_unchecked(&self) -> TensorView<'_> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match self {
+                AnyOwned::Versioned(t) => t.view_unchecked(),
+                AnyOwned::Legacy(t) => t.view_unchecked(),
             }
         }
     }

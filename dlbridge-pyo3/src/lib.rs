@@ -71,6 +71,7 @@ mod testing;
 mod writability;
 
 pub use args::{PyTensor, PyTensorMut};
+pub use borrows::ReadGuard;
 pub use capsule::AnyOwned;
 pub use convert::parse_device;
 pub use dlbridge;
@@ -84,6 +85,8 @@ use pyo3::prelude::*;
 
 /// Adds the classes and functions of the `dlbridge` Python package to `module`.
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The process's borrow registry, published by the first extension that loads.
+    borrows::prepare();
     module.add_class::<Tensor>()?;
     module.add_class::<DType>()?;
     module.add_function(wrap_pyfunction!(functions::py_from_dlpack, module)?)?;

@@ -48,6 +48,26 @@ fn _read_then_write(x: crate::PyTensor<'_>, mut y: crate::PyTensorMut<'_>) -> Py
     Ok(n)
 }
 
+/// Holds `x` as a [`PyTensor`](crate::PyTensor), or with `writable` as a
+/// [`PyTensorMut`](crate::PyTensorMut) after setting each byte to 1, while it
+/// calls `callback()`: lets tests run Python code (another extension,
+/// dlbridge's own readers, a producer changing its metadata) while a borrow is
+/// live. Returns the callback's result and the shape `x` has afterwards.
+#[pyfunction]
+#[pyo3(signature = (x, callback, writable=false))]
+fn _while_borrowed<'py>(x: &Bound<'py, PyAny>, callback: &Bound<'py, PyAny>, writable: bool) -> PyResult<(Bound<'py, PyAny>, Vec<i64>)> {
+    if writable {
+        let mut x = x.extract::<crate::PyTensorMut<'_>>()?;
+        x.view_mut()?.try_as_slice_mut::<u8>().map_err(crate::to_py_err)?.fill(1);
+        let result = callback.call0()?;
+        Ok((result, x.view().shape().to_vec()))
+    } else {
+        let x = x.extract::<crate::PyTensor<'_>>()?;
+        let result = callback.call0()?;
+        Ok((result, x.view().shape().to_vec()))
+    }
+}
+
 /// The stream an extension's argument `x` is ready on: extracted as a
 /// [`PyTensor`](crate::PyTensor), or with `extract_on_stream` when `stream` is
 /// given; with `writable`, as a [`PyTensorMut`](crate::PyTensorMut).
@@ -122,6 +142,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(_drop_on_rust_thread, module)?)?;
     module.add_function(wrap_pyfunction!(_live_borrows, module)?)?;
     module.add_function(wrap_pyfunction!(_read_then_write, module)?)?;
+    module.add_function(wrap_pyfunction!(_while_borrowed, module)?)?;
     module.add_function(wrap_pyfunction!(_argument_ready_stream, module)?)?;
     module.add_function(wrap_pyfunction!(_contract_breaking_table, module)?)?;
     Ok(())

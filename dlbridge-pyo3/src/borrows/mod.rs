@@ -1,39 +1,36 @@
-//! Live borrows of tensor memory by extension arguments, tracked by byte range
-//! while an extension function runs, as rust-numpy's `borrow` module does.
+//! Borrows of tensor memory, tracked by byte range in one registry per process
+//! (shared by every extension that links this crate), as rust-numpy's `borrow`
+//! module does for NumPy arrays.
 //!
-//! Any number of [`PyTensor`](crate::PyTensor)s may read the same bytes; a
-//! [`PyTensorMut`](crate::PyTensorMut) needs its bytes to itself. So `f(a, a)`
-//! with two writable arguments, or a writable and a read-only one over
-//! overlapping memory, gets a BufferError for the second argument instead of
-//! two aliasing Rust references. Ranges are conservative: two interleaved
-//! views whose elements never meet but whose byte ranges overlap conflict too.
-//! Python code that writes the same memory while the extension runs (from
-//! another thread, or a callback) is outside what Rust borrows can see.
+//! Every Rust reference to memory that Python objects can reach is made under
+//! a borrow: [`PyTensor`](crate::PyTensor) and [`ReadGuard`] hold a shared one,
+//! [`PyTensorMut`](crate::PyTensorMut) an exclusive one. Any number of shared
+//! borrows may overlap; an exclusive borrow needs its bytes to itself. So
+//! `f(a, a)` with two writable arguments, or a writable one and a reader of
+//! overlapping memory (in this call, another extension, or another thread),
+//! gets a BufferError instead of two aliasing Rust references. Ranges are
+//! conservative: interleaved views whose elements never meet but whose byte
+//! ranges overlap conflict too. Python code that writes the same memory while
+//! an extension holds a borrow (NumPy from another thread, a callback) is
+//! outside what Rust borrows can see.
 
-use core::ops::Range;
-use core::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+mod registry;
+
+use core::ffi::c_int;
 
 use dlbridge::{Device, TensorView};
 use pyo3::exceptions::PyBufferError;
 use pyo3::PyResult;
 
-struct Entry {
-    id: u64,
-    space: Device,
-    bytes: Range<usize>,
-    exclusive: bool,
+use registry::{api, Conflict};
+
+/// Finds or publishes the process's registry now, so that extracting an
+/// argument runs no Python code once a producer has handed over pointers.
+pub(crate) fn prepare() {
+    let _ = api();
 }
 
-static LIVE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-fn live() -> std::sync::MutexGuard<'static, Vec<Entry>> {
-    // A panic elsewhere cannot leave the list inconsistent: every change is one push or retain.
-    LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Releases its borrow when dropped.
+/// A live borrow in the registry; released when dropped.
 #[derive(Debug)]
 pub(crate) struct Borrow {
     id: u64,
@@ -42,45 +39,93 @@ pub(crate) struct Borrow {
 impl Drop for Borrow {
     fn drop(&mut self) {
         if self.id != 0 {
-            live().retain(|e| e.id != self.id);
+            // SAFETY: the registry's own function, with an id it gave out.
+            unsafe { (api().release)(self.id) }
         }
     }
 }
 
-/// The address space a view's bytes live in: all CPU-reachable memory is one.
-fn space_of(view: &TensorView<'_>) -> Device {
-    if view.device().is_cpu_accessible() {
-        Device::CPU
-    } else {
-        view.device()
-    }
+/// The address space a view's bytes live in, as one number: all CPU-reachable
+/// memory is one space; each device's memory is another.
+fn space_of(view: &TensorView<'_>) -> u64 {
+    let device = if view.device().is_cpu_accessible() { Device::CPU } else { view.device() };
+    (u64::from(device.device_type.0 as u32) << 32) | u64::from(device.device_id as u32)
 }
 
-/// Registers a borrow of `view`'s bytes, refused if it conflicts with a live
-/// one: a shared borrow conflicts with an exclusive one, an exclusive with any.
-pub(crate) fn acquire(view: &TensorView<'_>, exclusive: bool) -> PyResult<Borrow> {
+/// Registers a borrow of `view`'s bytes, refused with BufferError if it
+/// conflicts with a live one: a shared borrow conflicts with an exclusive one,
+/// an exclusive with any. `what` names the object, for the message.
+pub(crate) fn acquire(view: &TensorView<'_>, exclusive: bool, what: impl FnOnce() -> String) -> PyResult<Borrow> {
     let bytes = view.byte_range();
     if bytes.is_empty() {
         return Ok(Borrow { id: 0 });
     }
-    let space = space_of(view);
-    let mut live = live();
-    let overlaps = |e: &&Entry| e.space == space && e.bytes.start < bytes.end && bytes.start < e.bytes.end;
-    if let Some(other) = live.iter().find(|e| overlaps(e) && (exclusive || e.exclusive)) {
-        let (mine, theirs) = if exclusive { ("writable", if other.exclusive { "writable" } else { "read-only" }) } else { ("read-only", "writable") };
-        return Err(PyBufferError::new_err(format!(
-            "cannot borrow this tensor as {mine}: its memory overlaps another argument already borrowed as {theirs} \
-             (bytes {:#x}..{:#x}), and a Rust extension may not hold aliasing references",
-            other.bytes.start, other.bytes.end
-        )));
+    let mut conflict = Conflict::default();
+    // SAFETY: the registry's own function, with a writable out pointer.
+    let id = unsafe { (api().acquire)(space_of(view), bytes.start, bytes.end, c_int::from(exclusive), &mut conflict) };
+    if id != 0 {
+        return Ok(Borrow { id });
     }
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    live.push(Entry { id, space, bytes, exclusive });
-    Ok(Borrow { id })
+    let (mine, theirs) = match (exclusive, conflict.exclusive) {
+        (true, true) => ("writable", "writable"),
+        (true, false) => ("writable", "read"),
+        _ => ("read", "writable"),
+    };
+    let overlap = bytes.end.min(conflict.end).saturating_sub(bytes.start.max(conflict.start));
+    Err(PyBufferError::new_err(format!(
+        "cannot borrow this {} as {mine}: {overlap} of its bytes are already borrowed as {theirs} \
+         (by another argument of this call, or by code running elsewhere), and Rust may not hold a \
+         reference to memory while it is written; pass a copy (e.g. x.copy()) if the two should be independent",
+        what()
+    )))
 }
 
-/// How many borrows are live (for tests).
+/// A shared borrow of a tensor's bytes, and a view to read them through:
+/// while it lives, no [`PyTensorMut`](crate::PyTensorMut) of overlapping
+/// memory can be taken in any extension of the process.
+///
+/// ```no_run
+/// use dlbridge_pyo3::{from_dlpack, ImportOptions};
+/// use pyo3::prelude::*;
+///
+/// #[pyfunction]
+/// fn first(x: &Bound<'_, PyAny>) -> PyResult<f32> {
+///     let owned = from_dlpack(x, ImportOptions::default())?; // may be reached through x: aliased
+///     let read = owned.read()?;                             // so reads take a shared borrow
+///     let values: &[f32] = read.view().try_as_slice().map_err(dlbridge_pyo3::to_py_err)?;
+///     Ok(values[0])
+/// }
+/// ```
+#[derive(Debug)]
+pub struct ReadGuard<'a> {
+    view: TensorView<'a>,
+    _borrow: Borrow,
+}
+
+impl<'a> ReadGuard<'a> {
+    /// Takes a shared borrow of `view`'s bytes.
+    ///
+    /// # Safety
+    /// Nothing may write the bytes except under an exclusive borrow of this
+    /// registry (`view` is the view of memory Python objects may reach).
+    pub(crate) unsafe fn new(view: &'a TensorView<'_>) -> PyResult<Self> {
+        let borrow = acquire(view, false, || "tensor".to_owned())?;
+        // SAFETY: the shared borrow just taken excludes every writer the
+        // registry knows of, which by the caller's contract is every writer.
+        let view = unsafe { view.assume_unaliased() };
+        Ok(ReadGuard { view, _borrow: borrow })
+    }
+
+    /// The view, with typed reads (`as_slice`, `try_as_array`, copies) that end
+    /// when the guard is dropped.
+    pub fn view(&self) -> &TensorView<'_> {
+        &self.view
+    }
+}
+
+/// How many borrows are live in the process (for tests).
 #[cfg(feature = "testing")]
 pub(crate) fn live_count() -> usize {
-    live().len()
+    // SAFETY: the registry's own function.
+    unsafe { (api().live)() }
 }

@@ -2,9 +2,9 @@
 //! ctypes arrays and scalars, NumPy scalars. Zero-copy; the buffer stays open
 //! until the tensor is freed.
 
-use dlbridge::export::{export_raw, RawLayout};
+use dlbridge::export::RawLayout;
 use dlbridge::layout::element_strides_from_bytes;
-use dlbridge::{DataType, Device, OwnedTensor};
+use dlbridge::{DataType, Device};
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -68,7 +68,8 @@ fn buffer_layout(view: &ffi::Py_buffer, itemsize: usize) -> PyResult<(Vec<i64>, 
     Ok((shape, Some(strides)))
 }
 
-/// Imports a buffer-protocol exporter without copying.
+/// Imports a buffer-protocol exporter without copying; the result is marked
+/// aliased (read it with [`AnyOwned::read`]).
 pub fn import_buffer(obj: &Bound<'_, PyAny>) -> PyResult<AnyOwned> {
     // Strides and format; read-only buffers too.
     let owner = open_buffer(obj, ffi::PyBUF_RECORDS_RO)?;
@@ -84,6 +85,5 @@ pub fn import_buffer(obj: &Bound<'_, PyAny>) -> PyResult<AnyOwned> {
     // SAFETY: the exporter guarantees `buf` with this shape and these strides
     // (row-major when NULL) stays valid until the buffer is released, which
     // happens when `owner` drops.
-    let owned: OwnedTensor = unsafe { export_raw(owner, data, layout, flags) }.py()?;
-    Ok(AnyOwned::Versioned(owned))
+    unsafe { super::python_memory(owner, data, layout, flags) }
 }

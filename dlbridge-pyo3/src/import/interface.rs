@@ -5,9 +5,9 @@
 
 use core::ffi::c_void;
 
-use dlbridge::export::{export_raw, RawLayout};
+use dlbridge::export::RawLayout;
 use dlbridge::layout::element_strides_from_bytes;
-use dlbridge::{DataType, Device, OwnedTensor};
+use dlbridge::{DataType, Device};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -119,6 +119,5 @@ fn import_pointer(obj: &Bound<'_, PyAny>, parsed: &Interface, address: usize, re
     // is valid for as long as the object lives (README, "Raw addresses");
     // the owner keeps it alive. The layout itself (NULL data,
     // overflow, ...) is validated by `export_raw`.
-    let owned: OwnedTensor = unsafe { export_raw(PyOwner::new(obj), address as *mut c_void, layout, flags) }.py()?;
-    Ok(AnyOwned::Versioned(owned))
+    unsafe { super::python_memory(PyOwner::new(obj), address as *mut c_void, layout, flags) }
 }

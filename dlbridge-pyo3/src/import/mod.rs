@@ -18,6 +18,9 @@ mod interface;
 mod negotiate;
 mod numpy;
 
+use core::ffi::c_void;
+
+use dlbridge::export::{export_raw, RawLayout};
 use dlbridge::streams::{Stream, SyncPlan};
 use dlbridge::{to_contiguous, Device, DeviceType, OwnedTensor};
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
@@ -50,6 +53,20 @@ pub struct ImportOptions {
     pub stream: Option<Stream>,
 }
 
+/// Wraps memory that a Python object exposes (its buffer, its array
+/// interface, NumPy's struct) as an owned tensor, marked aliased: every import
+/// from Python is reachable through its producer's objects too, so Rust
+/// reads it under a registry borrow and writes it through `PyTensorMut` only.
+///
+/// # Safety
+/// As [`export_raw`]: the memory must stay valid for the layout until `owner` drops.
+pub(crate) unsafe fn python_memory<O: Send + 'static>(owner: O, data: *mut c_void, layout: RawLayout<'_>, flags: u64) -> PyResult<AnyOwned> {
+    // SAFETY: forwarded from the caller.
+    let mut owned: OwnedTensor = unsafe { export_raw(owner, data, layout, flags) }.py()?;
+    owned.mark_aliased();
+    Ok(AnyOwned::Versioned(owned))
+}
+
 /// Whether memory on `device` can be handed to a consumer that asked for `wanted`.
 pub(crate) fn reaches(device: Device, wanted: Device) -> bool {
     wanted == device || (wanted == Device::CPU && device.is_cpu_accessible())
@@ -61,7 +78,9 @@ pub type Imported = (AnyOwned, Option<i64>);
 /// A copy of `owned` on `wanted`, which it cannot reach as it is: CUDA to the
 /// host (pageable or pinned), or host memory to a CUDA device.
 fn move_to(owned: &AnyOwned, ready: Option<i64>, wanted: Device) -> PyResult<Imported> {
-    let view = owned.view();
+    // The copy reads the memory: under a read borrow.
+    let read = owned.read()?;
+    let view = read.view();
     let from = view.device();
     let on_cuda = matches!(from.device_type, DeviceType::CUDA | DeviceType::CUDA_MANAGED);
     // `ready` is the stream value the producer was given, or its
@@ -176,13 +195,13 @@ fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyO
     match options.copy {
         Some(true) if !owned.is_copied() => {
             if !device.device_type.has_streams() {
-                return Ok((AnyOwned::Versioned(to_contiguous(owned.view()).py()?), ready));
+                return Ok((AnyOwned::Versioned(to_contiguous(owned.read()?.view()).py()?), ready));
             }
             // Queued on the data's stream, or the legacy default when no work is
             // pending; the copy is then ready there (and no longer "no pending work").
             let on = ours.unwrap_or(Stream::CUDA_LEGACY.value());
             // SAFETY: a stream value as for `move_to`.
-            let copied: OwnedTensor = unsafe { dlbridge::cuda::copy_on_device(owned.view(), Some(on)) }.py()?;
+            let copied: OwnedTensor = unsafe { dlbridge::cuda::copy_on_device(owned.read()?.view(), Some(on)) }.py()?;
             // A managed copy is made by the host, complete when it returns.
             let ready = if device.device_type == DeviceType::CUDA_MANAGED { None } else { Some(on) };
             Ok((AnyOwned::Versioned(copied), ready))
@@ -218,7 +237,7 @@ fn import_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: Ready
         return finish((consume_capsule(obj)?, None), options);
     }
     if let Some(owned) = numpy::import(obj)? {
-        return finish((AnyOwned::Versioned(owned), None), options);
+        return finish((owned, None), options);
     }
     if let Some(table) = exchange::lookup(obj) {
         if let Some((owned, ready)) = exchange::import_owned(obj, table)? {

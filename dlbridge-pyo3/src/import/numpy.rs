@@ -14,13 +14,14 @@
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicPtr, Ordering};
 
-use dlbridge::export::{export_raw, RawLayout};
+use dlbridge::export::RawLayout;
 use dlbridge::layout::{element_stride, Small};
-use dlbridge::{DataType, Device, OwnedTensor};
+use dlbridge::{DataType, Device};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::Borrowed;
 
-use crate::errors::IntoPyResult;
+use crate::capsule::AnyOwned;
 use crate::owner::PyOwner;
 
 /// NumPy's public array struct (`PyArrayObject_fields`), up to `flags`; these
@@ -101,10 +102,28 @@ const ML_DTYPES: [(&str, DataType); 19] = {
     ]
 };
 
-/// (scalar type address, dtype) for each `ml_dtypes` type, read once from the
-/// imported module; empty while `ml_dtypes` is not imported (asked again then).
-fn ml_dtypes_table(py: Python<'_>) -> &'static [(usize, DataType)] {
-    static TABLE: std::sync::OnceLock<Vec<(usize, DataType)>> = std::sync::OnceLock::new();
+/// One `ml_dtypes` type as NumPy describes it: its scalar type's address,
+/// the NumPy dtype's kind and item size, and the DLPack dtype.
+#[derive(Clone, Copy, Debug)]
+struct MlType {
+    scalar: usize,
+    kind: u8,
+    itemsize: usize,
+    dtype: DataType,
+}
+
+/// The bytes one element of `dtype` takes in NumPy: sub-byte types are padded.
+fn numpy_itemsize(dtype: DataType) -> usize {
+    dtype.itemsize().unwrap_or(1)
+}
+
+/// Each `ml_dtypes` type, read once from the imported module and kept only if
+/// it is what `ml_dtypes` makes: a `numpy.generic` subclass whose NumPy dtype
+/// has the DLPack dtype's item size. Anything may sit in `sys.modules` under
+/// that name; a module with any other entry is not trusted (and asked again
+/// next time). Empty while `ml_dtypes` is not imported.
+fn ml_dtypes_table(py: Python<'_>) -> &'static [MlType] {
+    static TABLE: std::sync::OnceLock<Vec<MlType>> = std::sync::OnceLock::new();
     if let Some(table) = TABLE.get() {
         return table;
     }
@@ -114,21 +133,41 @@ fn ml_dtypes_table(py: Python<'_>) -> &'static [(usize, DataType)] {
         let _ = PyErr::take(py);
         return &[];
     };
-    let table = ML_DTYPES
-        .iter()
-        .filter_map(|(name, dtype)| {
-            let ty = module.getattr(*name).ok()?;
-            let address = ty.as_ptr() as usize;
+    let read = || -> PyResult<Option<Vec<MlType>>> {
+        let numpy = py.import("numpy")?;
+        let (generic, dtype_of) = (numpy.getattr("generic")?, numpy.getattr("dtype")?);
+        let mut table = Vec::with_capacity(ML_DTYPES.len());
+        for (name, dtype) in ML_DTYPES {
+            let Ok(ty) = module.getattr(name) else { continue };
+            let Ok(ty) = ty.cast_into::<pyo3::types::PyType>() else { return Ok(None) };
+            if !ty.is_subclass(&generic)? {
+                return Ok(None);
+            }
+            let described = dtype_of.call1((&ty,))?;
+            let itemsize: usize = described.getattr("itemsize")?.extract()?;
+            let kind: String = described.getattr("kind")?.extract()?;
+            if itemsize != numpy_itemsize(dtype) || kind.len() != 1 {
+                return Ok(None);
+            }
+            let scalar = ty.as_ptr() as usize;
             // Types live as long as the process; the table keeps them so.
             core::mem::forget(ty);
-            Some((address, *dtype))
-        })
-        .collect();
-    TABLE.get_or_init(|| table)
+            table.push(MlType { scalar, kind: kind.as_bytes()[0], itemsize, dtype });
+        }
+        Ok(Some(table))
+    };
+    match read() {
+        Ok(Some(table)) => TABLE.get_or_init(|| table),
+        _ => {
+            let _ = PyErr::take(py);
+            &[]
+        }
+    }
 }
 
-/// The DLPack dtype of a NumPy dtype: builtin numbers, then `ml_dtypes`' types.
-fn dtype_of(py: Python<'_>, descr: &NumpyDescrFields) -> Option<DataType> {
+/// The DLPack dtype of a NumPy dtype: builtin numbers, then `ml_dtypes`' types,
+/// recognised by scalar type identity, kind and item size.
+fn dtype_of(py: Python<'_>, descr: &NumpyDescrFields, descr_object: &Bound<'_, PyAny>) -> Option<DataType> {
     if let Some(dtype) = numpy_dtype(descr.type_num) {
         return Some(dtype);
     }
@@ -137,7 +176,10 @@ fn dtype_of(py: Python<'_>, descr: &NumpyDescrFields) -> Option<DataType> {
         return None;
     }
     let scalar = descr.typeobj as usize;
-    ml_dtypes_table(py).iter().find(|(address, _)| *address == scalar).map(|(_, dtype)| *dtype)
+    let known = ml_dtypes_table(py).iter().find(|t| t.scalar == scalar && t.kind == descr.kind as u8)?;
+    // NumPy 1 and 2 keep the item size at different offsets: ask the dtype.
+    let itemsize: usize = descr_object.getattr(pyo3::intern!(py, "itemsize")).ok()?.extract().ok()?;
+    (itemsize == known.itemsize).then_some(known.dtype)
 }
 
 /// `numpy.ndarray`, once seen in an imported `numpy` module (a static type: it
@@ -186,7 +228,7 @@ fn is_exact_ndarray(obj: &Bound<'_, PyAny>) -> bool {
 
 /// Zero-copy import of an exact `numpy.ndarray` of a standard numeric dtype.
 /// `None` for anything else, which goes through `__dlpack__`.
-pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<OwnedTensor>> {
+pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<AnyOwned>> {
     if !is_exact_ndarray(obj) {
         return Ok(None);
     }
@@ -198,7 +240,9 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<OwnedTensor>> {
         (array, &*array.descr)
     };
     let native = if cfg!(target_endian = "little") { b'<' } else { b'>' };
-    let Some(dtype) = dtype_of(obj.py(), descr) else { return Ok(None) };
+    // SAFETY: the array holds a strong reference to its descr, a live dtype object.
+    let descr_object = unsafe { Borrowed::from_ptr(obj.py(), array.descr.cast_mut().cast::<ffi::PyObject>()) };
+    let Some(dtype) = dtype_of(obj.py(), descr, &descr_object) else { return Ok(None) };
     if !matches!(descr.byteorder as u8, b'=' | b'|') && descr.byteorder as u8 != native {
         return Ok(None);
     }
@@ -208,7 +252,7 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<OwnedTensor>> {
     };
     // `ml_dtypes` stores sub-byte values one per byte.
     let padded = dtype.is_sub_byte();
-    let itemsize = dtype.itemsize().unwrap_or(1);
+    let itemsize = numpy_itemsize(dtype);
     let (dims, byte_strides) = if ndim == 0 {
         (&[][..], &[][..])
     } else {
@@ -228,6 +272,5 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<OwnedTensor>> {
     let layout = RawLayout { dtype, device: Device::CPU, shape: shape.as_slice(), strides: Some(strides.as_slice()), byte_offset: 0 };
     // SAFETY: the array's data is valid for its own layout for as long as the
     // array lives, which the owner guarantees; the layout is validated again.
-    let owned = unsafe { export_raw(PyOwner::new(obj), array.data, layout, flags) }.py()?;
-    Ok(Some(owned))
+    unsafe { super::python_memory(PyOwner::new(obj), array.data, layout, flags) }.map(Some)
 }

@@ -44,7 +44,8 @@ pub(super) unsafe fn get_buffer(slf: Bound<'_, Tensor>, out: *mut ffi::Py_buffer
     // SAFETY: CPython passes a writable Py_buffer; `obj` must be NULL on failure.
     unsafe { (*out).obj = core::ptr::null_mut() };
     let tensor = slf.get();
-    let view = tensor.cpu_view()?;
+    tensor.check_host_access()?;
+    let view = tensor.view();
     let format = check_request(tensor, view, flags)?;
     let itemsize = view.dtype().itemsize().unwrap_or(1);
     let wants = |bits: c_int| flags & bits == bits;

@@ -206,7 +206,7 @@ impl Tensor {
             let pinned = request.device.device_type == DeviceType::CUDA_HOST;
             // SAFETY: the ready stream is the value this tensor's producer was
             // given; stream values are raw handles by the protocol's design.
-            return unsafe { dlbridge::cuda::to_host::<M>(view, this.ready_stream, pinned) }.py();
+            return unsafe { dlbridge::cuda::to_host::<M>(this.read()?.view(), this.ready_stream, pinned) }.py();
         }
         // A host consumer: one that asked for host memory, or one that passed no
         // stream for managed memory (NumPy reads it on the host).
@@ -231,10 +231,10 @@ impl Tensor {
                 // Fresh memory of the same kind: device memory copied on the
                 // consumer's stream, or managed memory copied by the host.
                 // SAFETY: a stream value as above.
-                return unsafe { dlbridge::cuda::copy_on_device::<M>(view, ready) }.py();
+                return unsafe { dlbridge::cuda::copy_on_device::<M>(this.read()?.view(), ready) }.py();
             }
             // Host memory, or managed memory asked for on the host (waited for above).
-            return to_contiguous::<M>(view).py();
+            return to_contiguous::<M>(this.read()?.view()).py();
         }
         let mut flags = this.writability.flags();
         if view.is_subbyte_padded() {

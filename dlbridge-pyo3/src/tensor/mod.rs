@@ -55,11 +55,12 @@ pub struct Tensor {
 
 impl Tensor {
     /// Wraps an owned tensor; writable only if its producer said so (see
-    /// [`Writability`]).
+    /// [`Writability`]). Its memory is from then on reachable from Python
+    /// (buffer protocol, `__dlpack__`), so Rust reads it through [`read`](Self::read).
     pub fn new(owned: impl Into<AnyOwned>) -> Self {
         let owned = owned.into();
         let writability = Writability::of(&owned);
-        Tensor { owned: ExceptionSafe::new(owned), writability, origin: None, ready_stream: None, default_ordered: Default::default() }
+        Self::wrap(owned, writability)
     }
 
     /// Wraps an owned tensor with at most the writability `requested`: a
@@ -69,6 +70,11 @@ impl Tensor {
             Writability::Writable => requested,
             own => own,
         };
+        Self::wrap(owned, writability)
+    }
+
+    fn wrap(mut owned: AnyOwned, writability: Writability) -> Self {
+        owned.mark_aliased();
         Tensor { owned: ExceptionSafe::new(owned), writability, origin: None, ready_stream: None, default_ordered: Default::default() }
     }
 
@@ -83,9 +89,18 @@ impl Tensor {
         Ok(Tensor::new(OwnedTensor::from_array(array).py()?))
     }
 
-    /// The validated view.
+    /// The validated view: shape, strides, dtype, device and addresses. Its
+    /// typed reads refuse, since Python code can reach the memory: read
+    /// through [`read`](Self::read).
     pub fn view(&self) -> &TensorView<'_> {
         self.owned.view()
+    }
+
+    /// A shared borrow of the tensor's bytes, with a view whose typed reads
+    /// work while it lives; BufferError while an extension holds a
+    /// [`PyTensorMut`](crate::PyTensorMut) of overlapping memory.
+    pub fn read(&self) -> PyResult<crate::ReadGuard<'_>> {
+        self.owned.read()
     }
 
     /// Whether writes are not known to be allowed (read-only, or unknown).
@@ -131,15 +146,24 @@ impl Tensor {
         }
     }
 
-    /// The view, for reading or writing on the host: refused for memory the CPU
-    /// cannot reach, and waited for (see [`wait_for_host`](Self::wait_for_host)).
-    pub(crate) fn cpu_view(&self) -> PyResult<&TensorView<'_>> {
-        let view = self.view();
-        if !view.device().is_cpu_accessible() {
-            return Err(PyBufferError::new_err(format!("tensor on {} is not accessible from the CPU", view.device())));
+    /// Checks that the host may read or write the memory now: refused for
+    /// memory the CPU cannot reach, and waited for (see [`wait_for_host`](Self::wait_for_host)).
+    /// Every path that hands the memory to host code (buffer protocol, array
+    /// interface, `numpy()`, `tolist()`, copies, pickling) goes through it.
+    pub(crate) fn check_host_access(&self) -> PyResult<()> {
+        let device = self.view().device();
+        if !device.is_cpu_accessible() {
+            return Err(PyBufferError::new_err(format!(
+                "the tensor is on {device}, which is not accessible from the CPU; copy it to the host first: dlbridge.from_dlpack(t, device=\"cpu\")"
+            )));
         }
-        self.wait_for_host()?;
-        Ok(view)
+        self.wait_for_host()
+    }
+
+    /// [`read`](Self::read) for the host, after [`check_host_access`](Self::check_host_access).
+    pub(crate) fn host_read(&self) -> PyResult<crate::ReadGuard<'_>> {
+        self.check_host_access()?;
+        self.read()
     }
 
     /// Blocks until the GPU work pending on CUDA managed memory is done, before
@@ -274,7 +298,7 @@ impl Tensor {
 
     /// The elements as nested Python lists (CPU only).
     fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        tolist::tolist(py, self.cpu_view()?)
+        tolist::tolist(py, self.host_read()?.view())
     }
 
     /// Pickle support: out-of-band bytes with protocol 5, in-band before.
@@ -291,6 +315,12 @@ impl Tensor {
     #[getter]
     fn _writability(&self) -> &'static str {
         self.writability.name()
+    }
+
+    /// Whether a sub-byte dtype is stored one element per byte (IS_SUBBYTE_TYPE_PADDED).
+    #[getter]
+    fn _subbyte_padded(&self) -> bool {
+        self.view().is_subbyte_padded()
     }
 
     /// A tensor with the same values in a shared-memory segment (this one if
@@ -314,13 +344,15 @@ impl Tensor {
     /// the tensor; `ml_dtypes` types (bfloat16, float8, ...) for the dtypes
     /// NumPy lacks. A packed sub-byte tensor is unpacked into a new array.
     fn numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        // Whatever route NumPy is given below, host code reads the memory next.
+        slf.get().check_host_access()?;
         let py = slf.py();
         py.import(intern!(py, "dlbridge._numpy"))?.getattr(intern!(py, "to_numpy"))?.call1((slf,))
     }
 
     /// A C-contiguous copy in fresh memory that Rust owns.
     fn copy(&self) -> PyResult<Tensor> {
-        let copied: OwnedTensor = to_contiguous(self.cpu_view()?).py()?;
+        let copied: OwnedTensor = to_contiguous(self.host_read()?.view()).py()?;
         Ok(Tensor::new(copied))
     }
 

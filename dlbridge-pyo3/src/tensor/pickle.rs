@@ -28,7 +28,8 @@ use crate::writability::Writability;
 /// tensor, sharing them (and their writability): what a `PickleBuffer` wraps.
 pub(super) fn bytes_view(slf: &Bound<'_, Tensor>) -> PyResult<Tensor> {
     let this = slf.get();
-    let view = this.cpu_view()?;
+    this.check_host_access()?;
+    let view = this.view();
     if !view.is_c_contiguous() {
         return Err(PyValueError::new_err("only a C-contiguous tensor has one run of bytes"));
     }
@@ -61,7 +62,7 @@ pub(super) fn reduce_ex<'py>(slf: &Bound<'py, Tensor>, protocol: i64) -> PyResul
     let source = if view.is_c_contiguous() {
         slf.clone()
     } else {
-        let copied: OwnedTensor = to_contiguous(view).py()?;
+        let copied: OwnedTensor = to_contiguous(this.read()?.view()).py()?;
         Bound::new(py, Tensor::with_writability(copied.into(), this.writability))?
     };
     let bytes = Bound::new(py, bytes_view(&source)?)?;
@@ -69,8 +70,8 @@ pub(super) fn reduce_ex<'py>(slf: &Bound<'py, Tensor>, protocol: i64) -> PyResul
         py.import(intern!(py, "pickle"))?.getattr(intern!(py, "PickleBuffer"))?.call1((bytes,))?
     } else {
         // A live contiguous uint8 tensor: its view's bytes (none when empty, where the pointer is NULL).
-        let data = bytes.get().view().as_bytes().unwrap_or(&[]);
-        PyBytes::new(py, data).into_any()
+        let read = bytes.get().read()?;
+        PyBytes::new(py, read.view().try_as_bytes().py()?).into_any()
     };
     let dtype = view.dtype().to_string();
     let shape = PyTuple::new(py, view.shape())?;

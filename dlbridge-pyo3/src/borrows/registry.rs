@@ -1,0 +1,153 @@
+//! The one borrow registry of a process, shared by every extension that links
+//! dlbridge-pyo3 (any version speaking the same registry ABI), as rust-numpy
+//! shares its borrow checks through NumPy.
+//!
+//! The first extension to need it publishes a table of C functions in a
+//! capsule, in a module it adds to `sys.modules` under [`MODULE`]; the others
+//! find it there and call through it, so two extensions borrowing the same
+//! bytes see each other. Extension modules are never unloaded, so the table
+//! and the functions behind it live as long as the process. A table of an
+//! incompatible major version is not used: this extension then keeps its own
+//! registry, as it would alone.
+
+use core::ffi::{c_int, CStr};
+use core::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyModule;
+
+/// The `sys.modules` entry that carries the shared table.
+const MODULE: &CStr = c"_dlbridge_borrows";
+/// The capsule's name, which is also its attribute in [`MODULE`].
+const CAPSULE: &CStr = c"_dlbridge_borrows.api";
+/// Changed only when a field's meaning changes; new fields are appended and counted by `size`.
+const ABI_MAJOR: u32 = 1;
+
+/// A live borrow that a new one conflicts with.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Conflict {
+    /// Its first byte address.
+    pub(crate) start: usize,
+    /// One past its last byte.
+    pub(crate) end: usize,
+    /// Whether it is exclusive (writable).
+    pub(crate) exclusive: bool,
+}
+
+/// The shared table. Fields are only appended; `size` says how many a publisher filled.
+#[repr(C)]
+pub(crate) struct RegistryApi {
+    /// [`ABI_MAJOR`] of the publisher.
+    pub(crate) abi_major: u32,
+    /// Size of this struct as the publisher knows it.
+    pub(crate) size: u32,
+    /// Registers a borrow of bytes `start..end` (non-empty) of address space
+    /// `space`: a non-zero id, or 0 when it conflicts with a live borrow,
+    /// which is then described in `*conflict` (may be NULL). A shared borrow
+    /// conflicts with an exclusive one, an exclusive one with any.
+    pub(crate) acquire: unsafe extern "C" fn(space: u64, start: usize, end: usize, exclusive: c_int, conflict: *mut Conflict) -> u64,
+    /// Ends the borrow `id` (0 is ignored).
+    pub(crate) release: unsafe extern "C" fn(id: u64),
+    /// How many borrows are live.
+    pub(crate) live: unsafe extern "C" fn() -> usize,
+}
+
+struct Entry {
+    id: u64,
+    space: u64,
+    start: usize,
+    end: usize,
+    exclusive: bool,
+}
+
+static LIVE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn live_entries() -> std::sync::MutexGuard<'static, Vec<Entry>> {
+    // A panic elsewhere cannot leave the list inconsistent: every change is one push or retain.
+    LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+unsafe extern "C" fn acquire(space: u64, start: usize, end: usize, exclusive: c_int, conflict: *mut Conflict) -> u64 {
+    let exclusive = exclusive != 0;
+    let mut live = live_entries();
+    let clash = live.iter().find(|e| e.space == space && e.start < end && start < e.end && (exclusive || e.exclusive));
+    if let Some(other) = clash {
+        if !conflict.is_null() {
+            // SAFETY: the caller's out pointer, checked non-NULL.
+            unsafe { conflict.write(Conflict { start: other.start, end: other.end, exclusive: other.exclusive }) };
+        }
+        return 0;
+    }
+    // No allocation on the common path: the list keeps its capacity between calls.
+    if live.try_reserve(1).is_err() {
+        return 0;
+    }
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    live.push(Entry { id, space, start, end, exclusive });
+    id
+}
+
+unsafe extern "C" fn release(id: u64) {
+    if id != 0 {
+        let mut live = live_entries();
+        if let Some(i) = live.iter().rposition(|e| e.id == id) {
+            live.swap_remove(i);
+        }
+    }
+}
+
+unsafe extern "C" fn live() -> usize {
+    live_entries().len()
+}
+
+static OWN: RegistryApi = RegistryApi {
+    abi_major: ABI_MAJOR,
+    size: core::mem::size_of::<RegistryApi>() as u32,
+    acquire,
+    release,
+    live,
+};
+
+/// The process's registry: the one published in `sys.modules`, published
+/// by this extension if no other did first.
+pub(crate) fn api() -> &'static RegistryApi {
+    static API: OnceLock<&'static RegistryApi> = OnceLock::new();
+    if let Some(api) = API.get() {
+        return api;
+    }
+    // Two threads may both look: `setdefault` gives both the same table.
+    let found = Python::attach(|py| shared(py).unwrap_or(&OWN));
+    API.get_or_init(|| found)
+}
+
+/// Finds the published table, or publishes ours; `None` if `sys.modules`
+/// cannot be used or holds a table this version does not speak.
+fn shared(py: Python<'_>) -> Option<&'static RegistryApi> {
+    let result = (|| -> PyResult<Option<&'static RegistryApi>> {
+        let module = PyModule::new(py, MODULE.to_str().unwrap_or("_dlbridge_borrows"))?;
+        let own = core::ptr::addr_of!(OWN).cast_mut().cast();
+        // SAFETY: a static table outlives the capsule; no destructor is needed.
+        let capsule = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyCapsule_New(own, CAPSULE.as_ptr(), None))? };
+        module.setattr("api", capsule)?;
+        let modules = py.import("sys")?.getattr("modules")?;
+        // setdefault is atomic: of two extensions publishing at once, one wins.
+        let published = modules.call_method1("setdefault", (MODULE.to_str().unwrap_or("_dlbridge_borrows"), module))?;
+        let capsule = published.getattr("api")?;
+        // SAFETY: a name check on a live object; IsValid never raises.
+        if unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), CAPSULE.as_ptr()) } != 1 {
+            return Ok(None);
+        }
+        // SAFETY: a valid capsule of this name holds a table that lives as long as the process.
+        let table = unsafe { &*ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE.as_ptr()).cast::<RegistryApi>() };
+        let complete = table.size as usize >= core::mem::size_of::<RegistryApi>();
+        Ok((table.abi_major == ABI_MAJOR && complete).then_some(table))
+    })();
+    result.unwrap_or_else(|err| {
+        drop(err);
+        None
+    })
+}
