@@ -17,7 +17,7 @@ use core::cell::RefCell;
 use core::ffi::c_void;
 
 use dlbridge::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI, DLPackExchangeAPIHeader, DLTensor, DLPACK_MAJOR_VERSION};
-use dlbridge::{DataType, DataTypeCode, Device, DeviceType, OwnedTensor};
+use dlbridge::{Device, DeviceType, OwnedTensor};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
@@ -203,12 +203,13 @@ fn torch_flag(obj: &Bound<'_, PyAny>, descriptor: &Py<PyAny>, is_getter: bool) -
 }
 
 /// The refusals of torch's `__dlpack__` that its table skips, with its words.
-/// The conjugate bit exists only on complex tensors, so it is asked only of them.
-fn check_torch(obj: &Bound<'_, PyAny>, checks: &TorchChecks, complex: bool) -> PyResult<()> {
+/// Asked before the export, whose dtype is not known yet: the conjugate bit
+/// is asked of every tensor (it is only ever set on complex ones).
+fn check_torch(obj: &Bound<'_, PyAny>, checks: &TorchChecks) -> PyResult<()> {
     if torch_flag(obj, &checks.requires_grad, true)? {
         return Err(PyBufferError::new_err("Can't export tensors that require gradient, use tensor.detach()"));
     }
-    if complex && torch_flag(obj, &checks.is_conj, false)? {
+    if torch_flag(obj, &checks.is_conj, false)? {
         return Err(PyBufferError::new_err("Can't export tensors with the conjugate bit set"));
     }
     if torch_flag(obj, &checks.is_neg, false)? {
@@ -223,10 +224,10 @@ fn check_torch(obj: &Bound<'_, PyAny>, checks: &TorchChecks, complex: bool) -> P
 /// that `__dlpack__` would make, `Ok(false)` the checks themselves failed (a
 /// subclass whose `__torch_function__` blocks attribute access, say), so the
 /// caller goes through `__dlpack__`, which dispatches as the subclass wants.
-fn check_guard(obj: &Bound<'_, PyAny>, guard: Guard, dtype: DataType) -> PyResult<bool> {
+fn check_guard(obj: &Bound<'_, PyAny>, guard: Guard) -> PyResult<bool> {
     let outcome = match guard {
         Guard::None => return Ok(true),
-        Guard::Torch(checks) => check_torch(obj, checks, dtype.code == DataTypeCode::COMPLEX),
+        Guard::Torch(checks) => check_torch(obj, checks),
     };
     match outcome {
         Ok(()) => Ok(true),
@@ -275,6 +276,12 @@ fn failed(py: Python<'_>, rc: core::ffi::c_int) -> bool {
 /// on ROCm, where dlbridge cannot make a stream wait.
 pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<(OwnedTensor, Option<i64>)>> {
     let Some(export) = table.api.managed_tensor_from_py_object_no_sync else { return Ok(None) };
+    // The guard runs Python (a subclass's `__torch_function__`), which may free
+    // or move the storage: it runs before the export, never between the export
+    // and the use of its pointers, as torch's own `__dlpack__` orders it.
+    if !check_guard(obj, table.guard)? {
+        return Ok(None);
+    }
     let mut out: *mut DLManagedTensorVersioned = core::ptr::null_mut();
     // SAFETY: the producer's function, called with an object of the type it was
     // found on and a writable out pointer; the GIL is held.
@@ -290,7 +297,7 @@ pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Opt
     // on error, after which `__dlpack__` gets its chance.
     let Ok(owned) = (unsafe { OwnedTensor::from_raw(out) }) else { return Ok(None) };
     let device = owned.view().device();
-    if device.device_type == DeviceType::ROCM || !check_guard(obj, table.guard, owned.view().dtype())? {
+    if device.device_type == DeviceType::ROCM {
         return Ok(None);
     }
     let Ok(ready) = ready_stream(obj, table, device) else { return Ok(None) };
@@ -303,13 +310,14 @@ pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Opt
 /// "import it owned instead", as for [`import_owned`].
 pub(crate) fn fill_borrowed(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<(DLTensor, Option<i64>)>> {
     let Some(fill) = table.api.dltensor_from_py_object_no_sync else { return Ok(None) };
+    // Before the fill, for the reason given in `import_owned`.
+    if !check_guard(obj, table.guard)? {
+        return Ok(None);
+    }
     // SAFETY: DLTensor is plain data; the producer fills it.
     let mut out: DLTensor = unsafe { core::mem::zeroed() };
     // SAFETY: the producer's function, with an object of its type and a writable DLTensor.
     if failed(obj.py(), unsafe { fill(obj.as_ptr().cast(), &mut out) }) {
-        return Ok(None);
-    }
-    if !check_guard(obj, table.guard, out.dtype)? {
         return Ok(None);
     }
     let Ok(ready) = ready_stream(obj, table, out.device) else { return Ok(None) };
