@@ -2,6 +2,7 @@
 
 use dlbridge::streams::Stream;
 use dlbridge::OwnedTensor;
+use pyo3::exceptions::{PyMemoryError, PyOverflowError};
 use pyo3::prelude::*;
 
 use crate::convert::{parse_device, parse_dtype, parse_shape};
@@ -66,6 +67,26 @@ pub(crate) fn zeros(shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) 
         _ => dlbridge::DataType::FLOAT32,
     };
     let shape = parse_shape(shape)?;
+    check_size(&shape, dtype)?;
     let owned: OwnedTensor = dlbridge::zeros(dtype, &shape).py()?;
     Ok(Tensor::new(owned))
+}
+
+/// Refuses a shape no machine can hold before anything is allocated:
+/// OverflowError when its element count does not fit in 64 bits, MemoryError
+/// when its bytes do not fit in the address space.
+pub(crate) fn check_size(shape: &[i64], dtype: dlbridge::DataType) -> PyResult<()> {
+    let numel = match dlbridge::layout::element_count(shape) {
+        Ok(numel) => numel,
+        Err(dlbridge::Error::SizeOverflow { .. }) => {
+            return Err(PyOverflowError::new_err(format!("shape {shape:?} has more elements than fit in 64 bits")))
+        }
+        Err(err) => return Err(crate::to_py_err(err)),
+    };
+    match dtype.storage_bytes(numel as u64, false) {
+        Some(bytes) if bytes <= isize::MAX as u64 => Ok(()),
+        _ => Err(PyMemoryError::new_err(format!(
+            "a {dtype} tensor of shape {shape:?} needs more bytes than the address space holds"
+        ))),
+    }
 }
