@@ -93,3 +93,55 @@ def test_without_ml_dtypes_the_error_names_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "refused: a bfloat16 tensor needs the ml_dtypes package" in out.stdout and "[1.0, 1.0]" in out.stdout
+
+
+@pytest.mark.parametrize("name,size", [("float4_e2m1fn", 1), ("float4_e2m1fn", 2), ("float4_e2m1fn", 3), ("float6_e2m3fn", 1), ("int4", 1), ("uint2", 1)])
+def test_packed_sub_byte_values_read_right_for_every_length(name, size):
+    # One element of a packed tensor is one byte, as a padded one would be: numpy() must go by the
+    # flag, not by the byte count (0x21 as one packed float4 is 0.5, its low nibble).
+    t = dlbridge.zeros(size, name)
+    assert not t._subbyte_padded
+    bits = t.dtype.bits
+    raw = [(0x21 >> (bits * i % 8)) & ((1 << bits) - 1) for i in range(size)] if bits == 4 else None
+    packed = bytes([0x21] * len(memoryview(t._bytes())))
+    memoryview(t._bytes())[:] = packed
+    values = np.unpackbits(np.frombuffer(packed, np.uint8), bitorder="little")[: size * bits].reshape(size, bits)
+    expected = np.packbits(values, axis=1, bitorder="little").reshape(-1)
+    a = t.numpy()
+    assert a.view(np.uint8).tolist() == expected.tolist()
+    if name == "float4_e2m1fn" and size == 1:
+        assert a.astype(np.float32).tolist() == [0.5] and raw == [1]
+
+
+def test_numpy_refuses_device_memory_for_every_dtype():
+    # A tensor labelled CUDA (host memory here, device memory on a GPU machine, where NumPy would
+    # segfault on the first read): numpy() refuses it like every other host route.
+    from dlpack_ctypes import DLDevice, FakeProducer
+
+    for dtype, name in [((4, 16, 1), "bfloat16"), ((2, 32, 1), "float32"), ((10, 8, 1), "float8_e4m3fn")]:
+        p = FakeProducer(values=(1.0, 2.0), shape=(2,), dtype=dtype)
+        p.tensor.device = DLDevice(2, 0)
+        t = dlbridge.from_dlpack(p.capsule())
+        assert str(t.dtype) == name and t.device == (2, 0)
+        with pytest.raises(BufferError, match="not accessible from the CPU"):
+            t.numpy()
+
+
+def test_an_impostor_ml_dtypes_module_is_not_trusted():
+    # Anything may sit in sys.modules["ml_dtypes"]: a fake whose bfloat16 is `str` once made a
+    # StringDType array (16-byte structs holding heap pointers) a writable bfloat16 tensor.
+    code = (
+        "import sys, types, numpy as np\n"
+        "fake = types.ModuleType('ml_dtypes'); fake.bfloat16 = str; sys.modules['ml_dtypes'] = fake\n"
+        "import dlbridge\n"
+        "arr = np.array(['a string long enough to live on the heap %d' % i for i in range(4)], dtype=np.dtypes.StringDType())\n"
+        "try:\n    t = dlbridge.from_dlpack(arr); print('imported', t.dtype)\n"
+        "except (BufferError, TypeError, ValueError) as e:\n    print('refused')\n"
+        "print([len(s) for s in arr.tolist()])\n"
+        # The real module, imported later, is trusted once it is there.
+        "del sys.modules['ml_dtypes']; import ml_dtypes\n"
+        "print(dlbridge.from_dlpack(np.ones(2, ml_dtypes.bfloat16)).dtype)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["refused", "[42, 42, 42, 42]", "bfloat16"]

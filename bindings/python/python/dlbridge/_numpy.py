@@ -40,7 +40,7 @@ def to_numpy(t):
         raw = np.asarray(_Raw(t, f"<u{target.itemsize}" if target.itemsize > 1 else "|u1", target.itemsize))
         return raw.view(target)
     bits = t.dtype.bits
-    if t.nbytes == t.size:  # padded: one value per byte, as ml_dtypes stores them
+    if t._subbyte_padded:  # one value per byte, as ml_dtypes stores them
         return np.asarray(_Raw(t, "|u1", 1)).view(target)
     # Packed (little bit-endian, as DLPack says): unpack each value into its own byte.
     packed = np.frombuffer(memoryview(t.copy()._bytes()), dtype=np.uint8)
