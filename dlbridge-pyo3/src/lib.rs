@@ -38,7 +38,7 @@
 //! | file | what |
 //! |---|---|
 //! | `import/` | taking tensors from Python: DLPack negotiation, NumPy, buffers, array interfaces |
-//! | `args.rs`, `borrows.rs` | `PyTensor`, `PyTensorMut`, and the byte-range borrows they hold |
+//! | `args.rs`, `borrows/` | `PyTensor`, `PyTensorMut`, `ReadGuard`, and the process-wide registry of the byte-range borrows they hold |
 //! | `tensor/` | the `Tensor` class: `__dlpack__`, buffer protocol, `tolist`, `DType` |
 //! | `exchange/` | the C exchange API: our table, and using other types' tables |
 //! | `capsule.rs`, `owner.rs` | capsule lifecycle; Python references a deleter may drop anywhere |
@@ -47,9 +47,10 @@
 //!
 //! ## Global state
 //! Interned strings, cached keyword tuples, a per-thread cache of exchange
-//! tables by type, `numpy.ndarray`'s type once seen, and the list of live
-//! argument borrows. Several extensions can link the crate side by side; each
-//! has its own copy, so borrows are tracked per extension.
+//! tables by type, `numpy.ndarray`'s type once seen, and the borrow registry.
+//! Several extensions can link the crate side by side; the registry is the one
+//! thing they share (published once per process in `sys.modules`, see
+//! [`ReadGuard`]), so a borrow in one is seen by all.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 // Nothing on an import or export path may panic on foreign input: the few
 // remaining `expect`s are allowed one by one, each with the reason it cannot fire.
