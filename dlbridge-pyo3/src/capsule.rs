@@ -7,131 +7,13 @@
 use core::ffi::{c_void, CStr};
 
 use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned};
-use dlbridge::{OwnedLegacyTensor, Owned, ManagedAbi, OwnedTensor, TensorView, TensorViewMut};
+use dlbridge::{ManagedAbi, Owned};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::{ffi, Bound};
 
+pub use crate::any_owned::AnyOwned;
 use crate::errors::IntoPyResult;
-
-/// An owned tensor of either ABI.
-#[derive(Debug)]
-pub enum AnyOwned {
-    /// From a `dltensor_versioned` capsule or the exchange API.
-    Versioned(OwnedTensor),
-    /// From a legacy `dltensor` capsule.
-    Legacy(OwnedLegacyTensor),
-}
-
-impl AnyOwned {
-    /// The validated view: shape, strides, dtype, device and addresses. For a
-    /// tensor imported from Python (marked aliased) its typed reads refuse:
-    /// read through [`read`](Self::read).
-    pub fn view(&self) -> &TensorView<'_> {
-        match self {
-            AnyOwned::Versioned(t) => t.view(),
-            AnyOwned::Legacy(t) => t.view(),
-        }
-    }
-
-    /// A shared borrow of the tensor's bytes in the process's borrow registry,
-    /// with a view whose typed reads (`as_slice`, `try_as_array`, copies) work
-    /// while it lives. BufferError while a [`PyTensorMut`](crate::PyTensorMut)
-    /// of overlapping memory is alive, in any extension.
-    pub fn read(&self) -> PyResult<crate::ReadGuard<'_>> {
-        // SAFETY: memory that Python objects can reach is written from Rust only
-        // under an exclusive borrow of the registry (`PyTensorMut`); an unaliased
-        // owner is written only through `try_view_mut`, which needs `&mut self`.
-        unsafe { crate::ReadGuard::new(self.view()) }
-    }
-
-    /// Whether the memory is reachable through other objects (anything imported
-    /// from Python is), so that reads need [`read`](Self::read) and writes a
-    /// [`PyTensorMut`](crate::PyTensorMut).
-    pub fn is_aliased(&self) -> bool {
-        match self {
-            AnyOwned::Versioned(t) => t.is_aliased(),
-            AnyOwned::Legacy(t) => t.is_aliased(),
-        }
-    }
-
-    /// A writable view, refused for read-only or overlapping tensors, and for
-    /// tensors imported from Python, whose memory other objects can reach:
-    /// write those through [`PyTensorMut`](crate::PyTensorMut), which holds an
-    /// exclusive borrow of the bytes.
-    pub fn try_view_mut(&mut self) -> Result<TensorViewMut<'_>, dlbridge::Error> {
-        match self {
-            AnyOwned::Versioned(t) => t.try_view_mut(),
-            AnyOwned::Legacy(t) => t.try_view_mut(),
-        }
-    }
-
-    /// [`try_view_mut`](Self::try_view_mut) without the aliasing check.
-    ///
-    /// # Safety
-    /// As [`dlbridge::Owned::try_view_mut_unchecked`].
-    pub(crate) unsafe fn try_view_mut_unchecked(&mut self) -> Result<TensorViewMut<'_>, dlbridge::Error> {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            match self {
-                AnyOwned::Versioned(t) => t.try_view_mut_unchecked(),
-                AnyOwned::Legacy(t) => t.try_view_mut_unchecked(),
-            }
-        }
-    }
-
-    /// The view with typed reads allowed.
-    ///
-    /// # Safety
-    /// As [`dlbridge::Owned::view_unchecked`].
-    pub(crate) unsafe fn view_unchecked(&self) -> TensorView<'_> {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            match self {
-                AnyOwned::Versioned(t) => t.view_unchecked(),
-                AnyOwned::Legacy(t) => t.view_unchecked(),
-            }
-        }
-    }
-
-    /// Marks the data reachable through other paths (see [`dlbridge::Owned::mark_aliased`]).
-    pub(crate) fn mark_aliased(&mut self) {
-        match self {
-            AnyOwned::Versioned(t) => t.mark_aliased(),
-            AnyOwned::Legacy(t) => t.mark_aliased(),
-        }
-    }
-
-    /// The DLPack flags (0 for legacy tensors).
-    pub fn flags(&self) -> u64 {
-        match self {
-            AnyOwned::Versioned(t) => t.flags(),
-            AnyOwned::Legacy(_) => 0,
-        }
-    }
-
-    /// Whether the producer marked the data read-only.
-    pub fn is_read_only(&self) -> bool {
-        matches!(self, AnyOwned::Versioned(t) if t.is_read_only())
-    }
-
-    /// Whether the producer says it copied the data for us.
-    pub fn is_copied(&self) -> bool {
-        matches!(self, AnyOwned::Versioned(t) if t.is_copied())
-    }
-}
-
-impl From<OwnedTensor> for AnyOwned {
-    fn from(t: OwnedTensor) -> Self {
-        AnyOwned::Versioned(t)
-    }
-}
-
-impl From<OwnedLegacyTensor> for AnyOwned {
-    fn from(t: OwnedLegacyTensor) -> Self {
-        AnyOwned::Legacy(t)
-    }
-}
 
 /// Destructor of the capsules we produce: deletes the tensor unless a consumer
 /// renamed the capsule (took ownership). Any exception already in flight is

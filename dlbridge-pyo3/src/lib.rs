@@ -57,6 +57,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::unreachable, clippy::todo, clippy::unimplemented))]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod any_owned;
 mod args;
 mod borrows;
 pub mod capsule;
@@ -73,7 +74,7 @@ mod writability;
 
 pub use args::{PyTensor, PyTensorMut};
 pub use borrows::ReadGuard;
-pub use capsule::AnyOwned;
+pub use any_owned::{AnyOwned, ObjectTensor};
 pub use convert::parse_device;
 pub use dlbridge;
 pub use errors::to_py_err;

@@ -29,6 +29,7 @@ fn with_gil_unless_finalized(release: impl FnOnce()) {
 /// Dropping it takes the GIL (`PyGILState_Ensure`, which is reentrant), and
 /// leaks the reference instead when the interpreter is no longer initialised,
 /// the pattern NumPy's deleter uses.
+#[derive(Debug)]
 pub struct PyOwner(NonNull<ffi::PyObject>);
 
 // SAFETY: the pointer is only dereferenced (decref'd) with the GIL held.

@@ -32,9 +32,9 @@ impl Writability {
     /// What an owned import's ABI and flags say.
     pub fn of(owned: &AnyOwned) -> Self {
         match owned {
-            AnyOwned::Versioned(t) if t.is_read_only() => Writability::ReadOnly,
-            AnyOwned::Versioned(_) => Writability::Writable,
             AnyOwned::Legacy(_) => Writability::Unknown,
+            owned if owned.is_read_only() => Writability::ReadOnly,
+            _ => Writability::Writable,
         }
     }
 

@@ -174,6 +174,67 @@ pub(crate) fn is_non_overlapping(shape: &[i64], strides: &[i64]) -> bool {
     true
 }
 
+/// A tensor's shape and strides, owned: inline up to 4 axes (the common
+/// ranks, kept small because views are moved by value), boxed beyond.
+#[derive(Clone, Debug)]
+pub(crate) enum Dims {
+    /// Shape in `values[..ndim]`, strides in `values[4..4 + ndim]`.
+    Inline { ndim: u8, values: [i64; 8] },
+    /// Shape, then strides: `2 * ndim` values.
+    Heap(Box<[i64]>),
+}
+
+impl Dims {
+    /// `ndim` axes, all zero.
+    pub(crate) fn zeros(ndim: usize) -> Self {
+        if ndim <= 4 {
+            Dims::Inline { ndim: ndim as u8, values: [0; 8] }
+        } else {
+            Dims::Heap(vec![0; 2 * ndim].into_boxed_slice())
+        }
+    }
+
+    /// Copies of `shape` and `strides` (same length).
+    pub(crate) fn from_slices(shape: &[i64], strides: &[i64]) -> Self {
+        let mut dims = Dims::zeros(shape.len());
+        let (s, t) = dims.split_mut();
+        s.copy_from_slice(shape);
+        t.copy_from_slice(strides);
+        dims
+    }
+
+    /// Shape and strides, for filling.
+    pub(crate) fn split_mut(&mut self) -> (&mut [i64], &mut [i64]) {
+        match self {
+            Dims::Inline { ndim, values } => {
+                let n = usize::from(*ndim);
+                let (shape, strides) = values.split_at_mut(4);
+                (&mut shape[..n], &mut strides[..n])
+            }
+            Dims::Heap(values) => {
+                let n = values.len() / 2;
+                values.split_at_mut(n)
+            }
+        }
+    }
+
+    /// Extent of each axis.
+    pub(crate) fn shape(&self) -> &[i64] {
+        match self {
+            Dims::Inline { ndim, values } => &values[..usize::from(*ndim)],
+            Dims::Heap(values) => &values[..values.len() / 2],
+        }
+    }
+
+    /// Stride of each axis.
+    pub(crate) fn strides(&self) -> &[i64] {
+        match self {
+            Dims::Inline { ndim, values } => &values[4..4 + usize::from(*ndim)],
+            Dims::Heap(values) => &values[values.len() / 2..],
+        }
+    }
+}
+
 /// Up to 8 values on the stack (every common rank), more on the heap: shapes
 /// and strides built on hot paths without allocating.
 #[derive(Clone, Debug)]

@@ -15,7 +15,7 @@
 //!   `byte_offset`, are computed with checked arithmetic and fit the address space.
 //!
 //! # What the view keeps
-//! Shape and strides are copied at validation (inline up to 8 axes): a
+//! Shape and strides are copied at validation (inline up to 4 axes): a
 //! producer that rewrites its own arrays afterwards (torch's `unsqueeze_`,
 //! `as_strided_`) cannot change what the view reads or how far it reaches.
 //!
@@ -34,7 +34,7 @@ use crate::element::Element;
 use crate::error::Error;
 use crate::ffi::DLTensor;
 use crate::layout::{
-    byte_extent, element_count, element_extent, is_contiguous, is_non_overlapping, row_major_strides_into, Small, MAX_NDIM,
+    byte_extent, element_count, element_extent, is_contiguous, is_non_overlapping, row_major_strides_into, Dims, MAX_NDIM,
 };
 use crate::Device;
 
@@ -49,8 +49,7 @@ use crate::Device;
 pub struct TensorView<'a> {
     /// Address of element 0 (`data + byte_offset`); NULL-based when there are no elements.
     pub(crate) ptr: *const u8,
-    shape: Small<i64>,
-    strides: Small<i64>,
+    dims: Dims,
     strides_were_null: bool,
     dtype: DataType,
     device: Device,
@@ -71,14 +70,16 @@ unsafe impl Send for TensorView<'_> {}
 // SAFETY: as above; no method mutates through `&self`.
 unsafe impl Sync for TensorView<'_> {}
 
-/// `n` values read from `ptr`, which need not be aligned.
+/// Copies `into.len()` values from `ptr`, which need not be aligned.
 ///
 /// # Safety
-/// `ptr` must point at `n` readable `i64`s (`n <= MAX_NDIM`).
-unsafe fn copy_dims(ptr: *const i64, n: usize) -> Small<i64> {
-    // SAFETY: forwarded from the caller; an unaligned read is explicit, so a C
-    // producer's misaligned array is read, not undefined behaviour.
-    Small::from_fn(n, |i| unsafe { ptr.add(i).read_unaligned() })
+/// `ptr` must point at `into.len()` readable `i64`s.
+unsafe fn copy_dims(ptr: *const i64, into: &mut [i64]) {
+    for (i, slot) in into.iter_mut().enumerate() {
+        // SAFETY: forwarded from the caller; an unaligned read is explicit, so a
+        // C producer's misaligned array is read, not undefined behaviour.
+        *slot = unsafe { ptr.add(i).read_unaligned() };
+    }
 }
 
 impl<'a> TensorView<'a> {
@@ -101,47 +102,45 @@ impl<'a> TensorView<'a> {
             .ok()
             .filter(|&n| n <= MAX_NDIM)
             .ok_or(Error::NdimOutOfRange { ndim: i64::from(tensor.ndim), max: MAX_NDIM })?;
-        let shape = if ndim == 0 {
-            Small::new()
-        } else if tensor.shape.is_null() {
+        if ndim > 0 && tensor.shape.is_null() {
             return Err(Error::NullShape { ndim: tensor.ndim });
-        } else {
-            // SAFETY: non-NULL and, by this function's contract, `ndim` readable values.
-            unsafe { copy_dims(tensor.shape, ndim) }
-        };
+        }
+        let mut dims = Dims::zeros(ndim);
+        let (shape, strides) = dims.split_mut();
         let strides_were_null = ndim > 0 && tensor.strides.is_null();
-        let strides = if ndim == 0 {
-            Small::new()
-        } else if strides_were_null {
-            // Row-major, as producers before DLPack 1.2 meant by NULL. The strides of
-            // an empty tensor may overflow; they are never used, so zeros stand in.
-            let mut computed = Small::from_fn(ndim, |_| 0);
-            if !row_major_strides_into(shape.as_slice(), |axis, stride| computed.as_mut_slice()[axis] = stride) {
-                computed.as_mut_slice().fill(0);
+        if ndim > 0 {
+            // SAFETY: non-NULL and, by this function's contract, `ndim` readable values.
+            unsafe { copy_dims(tensor.shape, shape) };
+            if strides_were_null {
+                // Row-major, as producers before DLPack 1.2 meant by NULL. The strides of
+                // an empty tensor may overflow; they are never used, so zeros stand in.
+                if !row_major_strides_into(shape, |axis, stride| strides[axis] = stride) {
+                    strides.fill(0);
+                }
+            } else {
+                // SAFETY: as for `shape`.
+                unsafe { copy_dims(tensor.strides, strides) };
             }
-            computed
-        } else {
-            // SAFETY: as for `shape`.
-            unsafe { copy_dims(tensor.strides, ndim) }
-        };
-        let parts = Parts { shape, strides, strides_were_null, dtype: tensor.dtype, device: tensor.device, padded };
+        }
+        let parts = Parts { dims, strides_were_null, dtype: tensor.dtype, device: tensor.device, padded };
         // SAFETY: forwarded from the caller.
         unsafe { Self::validate(tensor.data, tensor.byte_offset, parts) }
     }
 
     /// The common tail of validation.
     unsafe fn validate(data: *mut c_void, byte_offset: u64, parts: Parts) -> Result<Self, Error> {
-        let Parts { shape, strides, strides_were_null, dtype, device, padded } = parts;
+        let Parts { dims, strides_were_null, dtype, device, padded } = parts;
+        let (shape, strides) = (dims.shape(), dims.strides());
         dtype.validate()?;
         if device.device_type.name().is_none() {
             return Err(Error::UnknownDevice { device });
         }
-        let numel = element_count(shape.as_slice())?;
+        let numel = element_count(shape)?;
         let overflow = || Error::ExtentOverflow { shape: shape.to_vec(), strides: strides.to_vec(), byte_offset };
         let (lo, hi) = if numel == 0 {
             (0, 0)
         } else {
-            let (lo_elem, hi_elem) = element_extent(shape.as_slice(), strides.as_slice()).ok_or_else(overflow)?;
+            let (lo_elem, hi_elem) = element_extent(shape, strides).ok_or_else(overflow)?;
             byte_extent(lo_elem, hi_elem, dtype, padded).ok_or_else(overflow)?
         };
         if numel > 0 && data.is_null() {
@@ -159,8 +158,7 @@ impl<'a> TensorView<'a> {
         }
         Ok(TensorView {
             ptr: (data as *const u8).wrapping_add(byte_offset as usize),
-            shape,
-            strides,
+            dims,
             strides_were_null,
             dtype,
             device,
@@ -185,8 +183,7 @@ impl<'a> TensorView<'a> {
         let (lo, hi) = if numel == 0 { (0, 0) } else { (lo, hi) };
         TensorView {
             ptr,
-            shape: Small::from_slice(shape),
-            strides: Small::from_slice(strides),
+            dims: Dims::from_slices(shape, strides),
             strides_were_null: false,
             dtype,
             device: Device::CPU,
@@ -208,8 +205,9 @@ impl<'a> TensorView<'a> {
         TensorView { device, _data: PhantomData, ..self.clone() }
     }
 
-    /// Marks the data as writable through other paths: typed reads then refuse.
-    pub(crate) fn mark_aliased(&mut self) {
+    /// Marks the data as writable through other paths: typed reads then refuse
+    /// (there is no safe way back; see [`assume_unaliased`](Self::assume_unaliased)).
+    pub fn mark_aliased(&mut self) {
         self.aliased = true;
     }
 
@@ -223,6 +221,13 @@ impl<'a> TensorView<'a> {
         TensorView { aliased: false, _data: PhantomData, ..self.clone() }
     }
 
+    /// This view with typed reads allowed, for a caller inside the crate that
+    /// proved exclusion.
+    pub(crate) fn unaliased(mut self) -> Self {
+        self.aliased = false;
+        self
+    }
+
     /// Whether other paths may write the data, so that typed reads refuse
     /// (see the type's documentation).
     pub fn is_aliased(&self) -> bool {
@@ -231,12 +236,12 @@ impl<'a> TensorView<'a> {
 
     /// Extent of each axis.
     pub fn shape(&self) -> &[i64] {
-        self.shape.as_slice()
+        self.dims.shape()
     }
 
     /// Stride of each axis in elements; computed row-major when the producer sent NULL.
     pub fn strides(&self) -> &[i64] {
-        self.strides.as_slice()
+        self.dims.strides()
     }
 
     /// Whether the producer sent NULL strides, which were then computed.
@@ -246,7 +251,7 @@ impl<'a> TensorView<'a> {
 
     /// Number of dimensions.
     pub fn ndim(&self) -> usize {
-        self.shape.as_slice().len()
+        self.dims.shape().len()
     }
 
     /// Number of elements.
@@ -384,8 +389,7 @@ impl<'a> TensorView<'a> {
 
 /// The parts of a tensor that validation checks, besides its pointers.
 struct Parts {
-    shape: Small<i64>,
-    strides: Small<i64>,
+    dims: Dims,
     strides_were_null: bool,
     dtype: DataType,
     device: Device,

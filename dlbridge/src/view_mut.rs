@@ -54,6 +54,17 @@ impl<'a> TensorViewMut<'a> {
         Self::from_view(view)
     }
 
+    /// Upgrades a validated view to a writable one; refused for elements that
+    /// overlap. Typed reads of the result work even if `view` was aliased.
+    ///
+    /// # Safety
+    /// The bytes the view reaches must be writable, and not accessed through
+    /// any other path, for `'a`.
+    pub unsafe fn from_view_unchecked(view: TensorView<'a>) -> Result<Self, Error> {
+        // The caller proves exclusive access, so no other path writes either.
+        Self::from_view(view.unaliased())
+    }
+
     /// Upgrades a view the caller is entitled to write through.
     pub(crate) fn from_view(view: TensorView<'a>) -> Result<Self, Error> {
         if !view.is_non_overlapping() {

@@ -201,3 +201,60 @@ def test_a_subclass_that_resizes_in_every_hook_is_exported_after_its_hooks(route
             print(c.size % N == 0 and bool((c == 1.0).all()))
     """)
     assert out.split() == ["True"]
+
+
+def test_a_subclass_that_becomes_a_conjugate_view_in_its_hooks_is_refused():
+    # The conjugate bit is asked only of complex tensors, as a first look at the dtype says; a hook
+    # that makes the tensor a complex conjugate view afterwards must not slip through un-conjugated.
+    out = run_child("", """
+        import torch
+        class Shifty(torch.Tensor):
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                with torch._C.DisableTorchFunctionSubclass():
+                    for a in args:
+                        if isinstance(a, Shifty) and not a.is_complex():
+                            a.data = torch.tensor([1 + 2j, 3 - 4j]).conj()
+                return super().__torch_function__(func, types, args, kwargs)
+        for take in (dlbridge.from_dlpack, dlbridge.asarray, scale_inplace.total):
+            x = torch.ones(2).as_subclass(Shifty)
+            try:
+                r = take(x)
+                print("taken", r if isinstance(r, float) else np.asarray(r).tolist())
+            except (BufferError, TypeError, RuntimeError) as err:
+                print("refused")
+    """)
+    assert all(line in ("refused", "taken [1.0, 1.0]", "taken 2.0") for line in out.splitlines()), out
+    assert "(1+2j)" not in out and "(3-4j)" not in out
+
+
+@pytest.mark.parametrize("route", ["from_dlpack", "asarray", "total", "scale"])
+def test_a_torch_function_mode_that_resizes_plain_tensors_runs_before_the_export(route):
+    # A mode intercepts the checks of a plain torch.Tensor too: the checks then run first.
+    out = run_child(RESIZER, f"""
+        from torch.overrides import TorchFunctionMode
+        class Grow(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                with torch._C.DisableTorchFunction():
+                    for a in args:
+                        if isinstance(a, torch.Tensor) and a.dim() == 1 and a.shape[0] < 8 * N:
+                            n = a.shape[0]
+                            a.resize_(n + N)
+                            a[n:] = 1.0
+                return func(*args, **(kwargs or {{}}))
+        x = torch.ones(N)
+        with Grow():
+            route = {route!r}
+            if route == "total":
+                r = scale_inplace.total(x)
+                print(r % N == 0 and r > 0)
+            elif route == "scale":
+                scale_inplace.scale(x, 3.0)
+                print(True)
+            else:
+                t = getattr(dlbridge, route)(x)
+        if route in ("from_dlpack", "asarray"):
+            c = np.asarray(t.copy())
+            print(c.size % N == 0 and bool((c == 1.0).all()))
+    """)
+    assert out.split() == ["True"]

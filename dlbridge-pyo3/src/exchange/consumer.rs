@@ -7,59 +7,22 @@
 //! (`__c_dlpack_exchange_api__`) is not read: any int could be published
 //! there, and every producer that had it also has `__dlpack__`.
 //!
-//! A table skips the checks its producer's `__dlpack__` makes. torch's refuses
-//! tensors that require grad and tensors with the conjugate bit, and its table
-//! does not, so [`Guard::Torch`] makes them here (and refuses the negative bit
-//! too, whose data DLPack would carry un-negated). Any failure of a table falls
-//! back to `__dlpack__`, which raises the producer's own error.
+//! A table skips the checks its producer's `__dlpack__` makes; `guard.rs`
+//! makes them, before any pointer is taken when they can run Python. Any
+//! failure of a table falls back to `__dlpack__`, which raises the producer's
+//! own error.
 
 use core::cell::RefCell;
 use core::ffi::c_void;
 
 use dlbridge::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI, DLPackExchangeAPIHeader, DLTensor, DLPACK_MAJOR_VERSION};
 use dlbridge::{Device, DeviceType, OwnedTensor};
-use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 use pyo3::{ffi, intern};
 
+use super::guard::{torch_checks, Guard};
 use super::producer::EXCHANGE_API_CAPSULE_NAME;
-
-/// Checks a producer's `__dlpack__` makes that its table does not.
-#[derive(Clone, Copy, Debug)]
-pub enum Guard {
-    /// The table checks what `__dlpack__` checks.
-    None,
-    /// `torch.Tensor`: requires_grad, the conjugate and negative bits.
-    Torch(&'static TorchChecks),
-}
-
-/// torch's own descriptors for the checks, taken once from `torch.Tensor`:
-/// calling them directly skips the instance attribute lookup on every import.
-/// They dispatch to `__torch_function__` themselves, as attribute access would.
-#[derive(Debug)]
-pub struct TorchChecks {
-    requires_grad: Py<PyAny>,
-    is_conj: Py<PyAny>,
-    is_neg: Py<PyAny>,
-}
-
-impl TorchChecks {
-    fn of(tensor_type: &Bound<'_, PyType>) -> Option<&'static TorchChecks> {
-        static CHECKS: pyo3::sync::PyOnceLock<Option<&'static TorchChecks>> = pyo3::sync::PyOnceLock::new();
-        let py = tensor_type.py();
-        *CHECKS.get_or_init(py, || {
-            let get = |name| tensor_type.getattr(name).ok().map(Bound::unbind);
-            let checks = TorchChecks {
-                requires_grad: get(intern!(py, "requires_grad"))?,
-                is_conj: get(intern!(py, "is_conj"))?,
-                is_neg: get(intern!(py, "is_neg"))?,
-            };
-            // One per process, as torch.Tensor itself.
-            Some(Box::leak(Box::new(checks)))
-        })
-    }
-}
 
 /// A type's exchange table and the checks to make before using it.
 #[derive(Clone, Copy, Debug)]
@@ -95,22 +58,6 @@ unsafe fn compatible(mut header: *const DLPackExchangeAPIHeader) -> Option<&'sta
 fn definer<'py>(ty: &Bound<'py, PyType>, name: &Bound<'py, pyo3::types::PyString>) -> Option<Bound<'py, PyAny>> {
     let dict = intern!(ty.py(), "__dict__");
     ty.mro().iter().find(|class| class.getattr(dict).and_then(|d| d.contains(name)).unwrap_or(false))
-}
-
-/// `torch.Tensor`'s checks, if `ty` is `torch.Tensor` or a subclass and torch is imported.
-fn torch_checks(ty: &Bound<'_, PyType>) -> Option<&'static TorchChecks> {
-    let py = ty.py();
-    // SAFETY: GetModule never imports; it returns a new reference or NULL.
-    let torch = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyImport_GetModule(intern!(py, "torch").as_ptr())) };
-    let Some(torch) = torch else {
-        let _ = PyErr::take(py);
-        return None;
-    };
-    let tensor = torch.getattr(intern!(py, "Tensor")).ok()?.cast_into::<PyType>().ok()?;
-    if !ty.is_subclass(&tensor).unwrap_or(false) {
-        return None;
-    }
-    TorchChecks::of(&tensor)
 }
 
 /// A type's table from its `"dlpack_exchange_api"` capsule, if the class that
@@ -177,65 +124,6 @@ pub(crate) fn lookup(obj: &Bound<'_, PyAny>) -> Option<Table> {
     table
 }
 
-/// `descriptor(obj)`: a getter or a method of torch.Tensor, applied to `obj`.
-/// True only for Python's `True`.
-fn torch_flag(obj: &Bound<'_, PyAny>, descriptor: &Py<PyAny>, is_getter: bool) -> PyResult<bool> {
-    let py = obj.py();
-    let descriptor = descriptor.bind(py);
-    // SAFETY: with the GIL; the descriptor and `obj` are live for the call. A
-    // getter is called through its type's `tp_descr_get` slot, a method
-    // descriptor by vectorcall with `obj` as self; both return a new reference
-    // or NULL with an exception set.
-    let result = unsafe {
-        let raw = if is_getter {
-            match (*ffi::Py_TYPE(descriptor.as_ptr())).tp_descr_get {
-                Some(get) => get(descriptor.as_ptr(), obj.as_ptr(), ffi::Py_TYPE(obj.as_ptr()).cast()),
-                None => return Err(pyo3::exceptions::PyTypeError::new_err("torch's requires_grad is not a descriptor")),
-            }
-        } else {
-            let args = [obj.as_ptr()];
-            ffi::PyObject_Vectorcall(descriptor.as_ptr(), args.as_ptr(), 1, core::ptr::null_mut())
-        };
-        Bound::from_owned_ptr_or_err(py, raw)?
-    };
-    // SAFETY: comparing with the `True` singleton.
-    Ok(result.as_ptr() == unsafe { ffi::Py_True() })
-}
-
-/// The refusals of torch's `__dlpack__` that its table skips, with its words.
-/// Asked before the export, whose dtype is not known yet: the conjugate bit
-/// is asked of every tensor (it is only ever set on complex ones).
-fn check_torch(obj: &Bound<'_, PyAny>, checks: &TorchChecks) -> PyResult<()> {
-    if torch_flag(obj, &checks.requires_grad, true)? {
-        return Err(PyBufferError::new_err("Can't export tensors that require gradient, use tensor.detach()"));
-    }
-    if torch_flag(obj, &checks.is_conj, false)? {
-        return Err(PyBufferError::new_err("Can't export tensors with the conjugate bit set"));
-    }
-    if torch_flag(obj, &checks.is_neg, false)? {
-        return Err(PyBufferError::new_err(
-            "Can't export tensors with the negative bit set: DLPack would carry the values un-negated; use tensor.resolve_neg()",
-        ));
-    }
-    Ok(())
-}
-
-/// Whether the table's tensor may be used: `Ok(true)` yes, `Err` the refusal
-/// that `__dlpack__` would make, `Ok(false)` the checks themselves failed (a
-/// subclass whose `__torch_function__` blocks attribute access, say), so the
-/// caller goes through `__dlpack__`, which dispatches as the subclass wants.
-fn check_guard(obj: &Bound<'_, PyAny>, guard: Guard) -> PyResult<bool> {
-    let outcome = match guard {
-        Guard::None => return Ok(true),
-        Guard::Torch(checks) => check_torch(obj, checks),
-    };
-    match outcome {
-        Ok(()) => Ok(true),
-        Err(err) if err.is_instance_of::<PyBufferError>(obj.py()) => Err(err),
-        Err(_) => Ok(false),
-    }
-}
-
 /// The stream a tensor on `device` is ready on when it comes through `table`:
 /// the producer's current work stream, as the header says (NULL on CUDA is the
 /// legacy default, 1). `Ok(None)` for a device without streams; `Err(())` when
@@ -276,26 +164,23 @@ fn failed(py: Python<'_>, rc: core::ffi::c_int) -> bool {
 /// on ROCm, where dlbridge cannot make a stream wait.
 pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<(OwnedTensor, Option<i64>)>> {
     let Some(export) = table.api.managed_tensor_from_py_object_no_sync else { return Ok(None) };
-    // The guard runs Python (a subclass's `__torch_function__`), which may free
-    // or move the storage: it runs before the export, never between the export
-    // and the use of its pointers, as torch's own `__dlpack__` orders it.
-    if !check_guard(obj, table.guard)? {
-        return Ok(None);
-    }
-    let mut out: *mut DLManagedTensorVersioned = core::ptr::null_mut();
-    // SAFETY: the producer's function, called with an object of the type it was
-    // found on and a writable out pointer; the GIL is held.
-    let rc = unsafe { export(obj.as_ptr().cast(), &mut out) };
-    if failed(obj.py(), rc) || out.is_null() {
-        if rc == 0 && !out.is_null() {
-            // SAFETY: an owning export we now own, given up: its deleter runs once.
-            drop(unsafe { OwnedTensor::from_raw(out) });
+    let take = || {
+        let mut out: *mut DLManagedTensorVersioned = core::ptr::null_mut();
+        // SAFETY: the producer's function, called with an object of the type it
+        // was found on and a writable out pointer; the GIL is held.
+        let rc = unsafe { export(obj.as_ptr().cast(), &mut out) };
+        if failed(obj.py(), rc) || out.is_null() {
+            if rc == 0 && !out.is_null() {
+                // SAFETY: an owning export we now own, given up: its deleter runs once.
+                drop(unsafe { OwnedTensor::from_raw(out) });
+            }
+            return None;
         }
-        return Ok(None);
-    }
-    // SAFETY: an owning export we now own; `from_raw` validates it and deletes it
-    // on error, after which `__dlpack__` gets its chance.
-    let Ok(owned) = (unsafe { OwnedTensor::from_raw(out) }) else { return Ok(None) };
+        // SAFETY: an owning export we now own; `from_raw` validates it and
+        // deletes it on error, after which `__dlpack__` gets its chance.
+        unsafe { OwnedTensor::from_raw(out) }.ok()
+    };
+    let Some(owned) = table.guard.take(obj, take, |owned| owned.view().dtype())? else { return Ok(None) };
     let device = owned.view().device();
     if device.device_type == DeviceType::ROCM {
         return Ok(None);
@@ -310,16 +195,13 @@ pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Opt
 /// "import it owned instead", as for [`import_owned`].
 pub(crate) fn fill_borrowed(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<(DLTensor, Option<i64>)>> {
     let Some(fill) = table.api.dltensor_from_py_object_no_sync else { return Ok(None) };
-    // Before the fill, for the reason given in `import_owned`.
-    if !check_guard(obj, table.guard)? {
-        return Ok(None);
-    }
-    // SAFETY: DLTensor is plain data; the producer fills it.
-    let mut out: DLTensor = unsafe { core::mem::zeroed() };
-    // SAFETY: the producer's function, with an object of its type and a writable DLTensor.
-    if failed(obj.py(), unsafe { fill(obj.as_ptr().cast(), &mut out) }) {
-        return Ok(None);
-    }
+    let take = || {
+        // SAFETY: DLTensor is plain data; the producer fills it.
+        let mut out: DLTensor = unsafe { core::mem::zeroed() };
+        // SAFETY: the producer's function, with an object of its type and a writable DLTensor.
+        (!failed(obj.py(), unsafe { fill(obj.as_ptr().cast(), &mut out) })).then_some(out)
+    };
+    let Some(out) = table.guard.take(obj, take, |out| out.dtype)? else { return Ok(None) };
     let Ok(ready) = ready_stream(obj, table, out.device) else { return Ok(None) };
     Ok(Some((out, ready)))
 }

@@ -14,15 +14,15 @@
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicPtr, Ordering};
 
-use dlbridge::export::RawLayout;
+use dlbridge::ffi::DLTensor;
 use dlbridge::layout::{element_stride, Small};
-use dlbridge::{DataType, Device};
+use dlbridge::{DataType, Device, TensorView};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::Borrowed;
 
-use crate::capsule::AnyOwned;
-use crate::owner::PyOwner;
+use crate::any_owned::{AnyOwned, ObjectTensor};
+use crate::errors::IntoPyResult;
 
 /// NumPy's public array struct (`PyArrayObject_fields`), up to `flags`; these
 /// fields have the same offsets in NumPy 1.x and 2.x.
@@ -265,12 +265,20 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<AnyOwned>> {
     else {
         return Ok(None); // NumPy's own export refuses these; let it say so.
     };
-    let mut flags = if array.flags & NPY_ARRAY_WRITEABLE == 0 { dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
-    if padded {
-        flags |= dlbridge::ffi::DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
-    }
-    let layout = RawLayout { dtype, device: Device::CPU, shape: shape.as_slice(), strides: Some(strides.as_slice()), byte_offset: 0 };
-    // SAFETY: the array's data is valid for its own layout for as long as the
-    // array lives, which the owner guarantees; the layout is validated again.
-    unsafe { super::python_memory(PyOwner::new(obj), array.data, layout, flags) }.map(Some)
+    let read_only = array.flags & NPY_ARRAY_WRITEABLE == 0;
+    let dl = DLTensor {
+        data: array.data,
+        device: Device::CPU,
+        ndim: ndim as i32,
+        dtype,
+        shape: shape.as_slice().as_ptr().cast_mut(),
+        strides: strides.as_slice().as_ptr().cast_mut(),
+        byte_offset: 0,
+    };
+    // SAFETY: `dl` describes the array's own data, which stays valid for this
+    // layout for as long as the array lives (the owner keeps it alive); its
+    // shape and strides are read now. Everything is validated again.
+    let view = unsafe { TensorView::from_dltensor(&dl, padded) }.py()?;
+    // SAFETY: as above; writable unless NumPy says otherwise.
+    Ok(Some(AnyOwned::Object(unsafe { ObjectTensor::new(obj, view, read_only) })))
 }
