@@ -7,6 +7,7 @@ import copy
 import gc
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -25,12 +26,16 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX sha
 HERE = Path(__file__).parent
 
 
+# dlb<pid namespace>_<pid>_<random>, in hex: dlbridge's segment names, which cleanup_shared_memory() reads
+NAME = re.compile(r"dlb([0-9a-f]+)_([0-9a-f]+)_[0-9a-f]+")
+
+
 def segments(*pids):
     """Segments in /dev/shm made by dlbridge in these processes (any process: none given); also the
     names multiprocessing.shared_memory gives, which carry no pid."""
     out = set()
     for name in os.listdir("/dev/shm"):
-        match = _shared._NAME.fullmatch(name)
+        match = NAME.fullmatch(name)
         if match and (not pids or int(match.group(2), 16) in pids):
             out.add(name)
         elif name.startswith("psm_"):
@@ -332,3 +337,37 @@ def test_share_memory_of_a_tensor_it_cannot_read_creates_nothing():
     with pytest.raises((BufferError, TypeError)):
         t.share_memory()
     assert segments(os.getpid()) == before
+
+
+WORKERS_CREATE = """
+import multiprocessing as mp, sys
+import dlbridge
+
+kept = []
+
+
+def work(names):
+    t = dlbridge.empty(4, "uint8", shared=True)
+    kept.append(t)  # alive when the worker exits
+    names.put(t.__reduce_ex__(5)[1][0])
+
+
+if __name__ == "__main__":
+    for method in ("fork", "spawn", "forkserver"):
+        ctx = mp.get_context(method)
+        names = ctx.Queue()
+        p = ctx.Process(target=work, args=(names,))
+        p.start()
+        print(names.get(timeout=60), flush=True)
+        p.join(60)
+        assert p.exitcode == 0
+"""
+
+
+def test_a_worker_that_exits_with_live_shared_tensors_unlinks_them(tmp_path):
+    (tmp_path / "workers.py").write_text(WORKERS_CREATE)
+    proc, left = script(f"import runpy; runpy.run_path({str(tmp_path / 'workers.py')!r}, run_name='__main__')")
+    assert proc.returncode == 0, proc.stderr
+    names = proc.stdout.split()
+    assert len(names) == 3 and not (set(names) & segments()), "each worker unlinked its own segment at exit"
+    assert proc.stderr == "", proc.stderr

@@ -8,7 +8,8 @@ the same memory: zero-copy, and writes are seen on both sides.
 What holds (torch.multiprocessing's file_system strategy and Python's resource tracker solve the
 same problems; the choices below follow them):
 - Only the creating process (by pid) unlinks a segment: when its last tensor over the segment is
-  freed, or at exit (quietly, from an atexit handler). Forked children and receivers never unlink.
+  freed, or at exit, quietly (an atexit handler; a finalizer of multiprocessing's for its worker
+  processes, which leave through os._exit). Forked children and receivers never unlink.
 - If the creator is killed, Python's resource tracker (a separate process, told of each segment at
   creation and of each unlink) unlinks what it left. If the tracker was killed too,
   `cleanup_shared_memory()` unlinks the segments of creators that no longer run: names carry the
@@ -93,10 +94,6 @@ class Segment:
     def __init__(self, name, size, data, creator_pid):
         self.name, self.size, self.data, self.creator_pid = name, size, data, creator_pid
 
-    @property
-    def address(self):
-        return ctypes.addressof(self.data)
-
     @classmethod
     def create(cls, size):
         _check_size(size)
@@ -109,6 +106,7 @@ class Segment:
                 _posixshmem.shm_unlink("/" + name)
                 raise
             _created[name] = True
+            _unlink_at_exit_of_this_process()
             try:
                 _reserve(fd, max(size, 1))
                 data = _map(fd, max(size, 1))
@@ -238,6 +236,20 @@ def _unlink(name):
 def _unlink_at_exit():
     for name in list(_created):
         _unlink(name)
+
+
+_exit_covered = [None]  # the pid whose exit _unlink_at_exit_of_this_process covers
+
+
+def _unlink_at_exit_of_this_process():
+    """atexit covers an ordinary exit; multiprocessing's workers leave through os._exit after running
+    its finalizers, so one of those covers them (registered in the process that creates)."""
+    if _exit_covered[0] == os.getpid():
+        return
+    _exit_covered[0] = os.getpid()
+    from multiprocessing import util
+
+    util.Finalize(None, _unlink_at_exit, exitpriority=0)
 
 
 def cleanup_shared_memory():
