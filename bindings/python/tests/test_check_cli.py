@@ -203,3 +203,24 @@ def test_markdown_of_no_target_is_still_well_formed():
 
     rows = [line for line in render.markdown([], "python -m dlbridge check --markdown") if line.startswith("|")]
     assert len({line.count("|") for line in rows}) == 1, rows
+
+
+# Verdicts that blamed a peer for what the rule's own sentence allows: never a failure now.
+PEER_VERDICTS = {
+    "jax": {"producer.versioned": ("pass", "noted"), "producer.readonly-legacy": ("pass", "noted"),
+            "producer.zero-size-null-data": ("pass", "warn"), "consumer.negative-strides": ("pass", "noted"),
+            "consumer.zero-strides": ("pass", "noted"), "consumer.asks-versioned": ("pass", "warn")},
+    "torch": {"consumer.readonly": ("pass", "noted"), "consumer.negative-strides": ("pass", "noted"),
+              "producer.stream-cpu": ("pass", "noted")},
+    "numpy": {"producer.zero-size-null-data": ("pass", "warn")},
+}
+
+
+@pytest.mark.parametrize("peer", PEER_VERDICTS)
+def test_peers_are_judged_by_the_sentence_each_rule_quotes(peer):
+    pytest.importorskip(peer)
+    proc = check("--json", peer, "--only", ",".join(PEER_VERDICTS[peer]))
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    (target,) = json.loads(proc.stdout)["targets"]
+    got = {r["rule"]: r["status"] for r in target["results"]}
+    assert all(got[rule] in allowed for rule, allowed in PEER_VERDICTS[peer].items()), got
