@@ -31,14 +31,12 @@ NAME = re.compile(r"dlb([0-9a-f]+)_([0-9a-f]+)_[0-9a-f]+")
 
 
 def segments(*pids):
-    """Segments in /dev/shm made by dlbridge in these processes (any process: none given); also the
-    names multiprocessing.shared_memory gives, which carry no pid."""
+    """Segments in /dev/shm made by dlbridge in these processes (any process: none given). Other
+    programs on the machine make segments of their own meanwhile, so only names with a pid count."""
     out = set()
     for name in os.listdir("/dev/shm"):
         match = NAME.fullmatch(name)
         if match and (not pids or int(match.group(2), 16) in pids):
-            out.add(name)
-        elif name.startswith("psm_"):
             out.add(name)
     return out
 
@@ -47,7 +45,6 @@ def script(code, *args, timeout=120, **kw):
     """Runs `code` in a fresh interpreter: (CompletedProcess, the segments its pid left behind)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     env.pop("RUST_BACKTRACE", None)
-    before = segments()
     with subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=env, **kw) as child:
         try:
@@ -56,7 +53,7 @@ def script(code, *args, timeout=120, **kw):
             child.kill()
             raise
     proc = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
-    return proc, segments(child.pid) | {s for s in segments() - before if s.startswith("psm_")}
+    return proc, segments(child.pid)
 
 
 def wait_until(condition, timeout=20.0):

@@ -95,8 +95,11 @@ mod new {
             unsafe { ffi::PyTuple_SET_ITEM(tuple.as_ptr(), filled as ffi::Py_ssize_t, item?.into_ptr()) };
             filled += 1;
         }
-        assert_eq!(filled, len, "a tuple left with empty slots");
-        // SAFETY: a tuple, just made.
+        if filled != len {
+            // Never handed out with empty slots (dropping it is safe: slots are NULL-checked).
+            return Err(pyo3::exceptions::PySystemError::new_err(format!("a tuple of {len} got {filled} items")));
+        }
+        // SAFETY: a tuple, just made and filled.
         Ok(unsafe { tuple.cast_into_unchecked() })
     }
 
