@@ -1,6 +1,8 @@
-"""The conformance checker's producer rules (and C exchange API rules), each shown to fail on a producer
-broken in exactly that way and to pass on a correct one: no rule that cannot fail. Consumer rules are in
-test_check_consumer.py, the command line and pytest plugin in test_check_cli.py."""
+"""The conformance checker's producer rules (and C exchange API rules): each is shown to break (fail for
+a MUST rule, warn for a SHOULD rule) on a producer broken in exactly that way, to pass on a correct one,
+and to pass with a note on each variant its sentence allows. No rule can pass a producer that makes no
+capsule. Consumer rules are in test_check_consumer.py, the command line and pytest plugin in
+test_check_cli.py."""
 
 import ctypes
 import math
@@ -10,8 +12,9 @@ import pytest
 
 import dlbridge
 from dlbridge._check import abi
+from dlbridge._check.rules import RULES, VERDICT
 from dlbridge.testing import check_producer, rules
-from test_check_fakes import FakeArray
+from test_check_fakes import FakeArray, ReturnsBytes
 
 
 def dlbridge_maker(shape, readonly=False):
@@ -75,6 +78,13 @@ class LegacyOnly(FakeArray):
         return super().__dlpack__(**kw)
 
 
+class LegacyFor10(FakeArray):
+    """Versioned capsules for max_version (1, 3), legacy ones for (1, 0): it supports 1.0 but does not say so."""
+
+    def __dlpack__(self, *, max_version=None, **kw):
+        return super().__dlpack__(max_version=None if max_version == (1, 0) else max_version, **kw)
+
+
 class EchoesMaxVersion(FakeArray):
     def version(self, max_version):
         return tuple(max_version)
@@ -99,6 +109,13 @@ class ReadOnlyLegacyAllowed(FakeArray):
     refuse_readonly_legacy = False
 
 
+class ReadOnlyLegacyValueError(FakeArray):
+    def __dlpack__(self, *, max_version=None, copy=None, **kw):
+        if self.readonly and (max_version is None or max_version[0] < 1) and not copy:
+            raise ValueError("read-only")
+        return super().__dlpack__(max_version=max_version, copy=copy, **kw)
+
+
 class CopyWithoutFlag(FakeArray):
     flag_copies = False
 
@@ -117,6 +134,13 @@ class IgnoresDevice(FakeArray):
 
 class TakesStreams(FakeArray):
     refuse_streams = False
+
+
+class TakesNoSyncStream(FakeArray):
+    """Accepts stream=-1 ("producer must not perform any synchronization") on CPU, as torch does."""
+
+    def __dlpack__(self, *, stream=None, **kw):
+        return super().__dlpack__(stream=None if stream == -1 else stream, **kw)
 
 
 class SaysCuda(FakeArray):
@@ -244,50 +268,54 @@ class TableCpuStream(Wrapped):
     __dlpack_c_exchange_api__ = table_capsule(current_work_stream=_cpu_stream)
 
 
-# rule: (correct producer, [broken producers]); crash-prone ones run in a child process
+# rule: (correct producer, [broken producers], [variants the sentence allows]); crash-prone ones run in a
+# child process. Broken: the rule's level decides (fail for MUST, warn for SHOULD); variants pass, noted.
 CASES = {
-    "producer.keywords": (FakeArray, [NoCopyKeyword]),
-    "producer.negotiation": (FakeArray, [AlwaysVersioned]),
-    "producer.versioned": (FakeArray, [LegacyOnly]),
-    "producer.version-field": (FakeArray, [EchoesMaxVersion]),
-    "producer.unknown-keyword": (FakeArray, [SwallowsUnknownKeywords]),
-    "producer.keyword-only": (FakeArray, [PositionalStream]),
-    "producer.readonly-flag": (FakeArray, [NoReadOnlyFlag]),
-    "producer.readonly-legacy": (FakeArray, [ReadOnlyLegacyAllowed]),
-    "producer.copy-true": (FakeArray, [CopyWithoutFlag, CopyThatShares]),
-    "producer.copy-false": (FakeArray, [CopyFalseCopies]),
-    "producer.dl-device": (FakeArray, [IgnoresDevice]),
-    "producer.stream-cpu": (FakeArray, [TakesStreams]),
-    "producer.device": (FakeArray, [SaysCuda]),
-    "producer.zero-size": (FakeArray, [ZeroSizeWrongShape]),
-    "producer.zero-size-null-data": (FakeArray, [ZeroSizeWithData]),
-    "producer.0d": (FakeArray, [ZeroDimNullData]),
-    "producer.strides": (FakeArray, [BytesStrides, NullStrides13]),
-    "producer.shape": (FakeArray, [NullShape]),
-    "producer.drop-frees": (FakeArray, [NeverFrees]),
-    "producer.consumed-not-freed": (FakeArray, [FreesWhenUsed]),
+    "producer.keywords": (FakeArray, [NoCopyKeyword, ReturnsBytes], []),
+    "producer.negotiation": (FakeArray, [AlwaysVersioned, ReturnsBytes], []),
+    "producer.versioned": (FakeArray, [LegacyFor10, ReturnsBytes], [LegacyOnly]),
+    "producer.version-field": (FakeArray, [EchoesMaxVersion, ReturnsBytes], []),
+    "producer.unknown-keyword": (FakeArray, [SwallowsUnknownKeywords, ReturnsBytes], []),
+    "producer.keyword-only": (FakeArray, [PositionalStream, ReturnsBytes], []),
+    "producer.readonly-flag": (FakeArray, [NoReadOnlyFlag, ReturnsBytes], []),
+    "producer.readonly-legacy": (FakeArray, [ReadOnlyLegacyValueError, ReturnsBytes], [ReadOnlyLegacyAllowed]),
+    "producer.copy-true": (FakeArray, [CopyWithoutFlag, CopyThatShares, ReturnsBytes], []),
+    "producer.copy-false": (FakeArray, [CopyFalseCopies, ReturnsBytes], []),
+    "producer.dl-device": (FakeArray, [IgnoresDevice, ReturnsBytes], []),
+    "producer.stream-cpu": (FakeArray, [TakesStreams, ReturnsBytes], [TakesNoSyncStream]),
+    "producer.device": (FakeArray, [SaysCuda, ReturnsBytes], []),
+    "producer.zero-size": (FakeArray, [ZeroSizeWrongShape, ReturnsBytes], []),
+    "producer.zero-size-null-data": (FakeArray, [ZeroSizeWithData, ReturnsBytes], []),
+    "producer.0d": (FakeArray, [ZeroDimNullData, ReturnsBytes], []),
+    "producer.strides": (FakeArray, [BytesStrides, NullStrides13, ReturnsBytes], []),
+    "producer.shape": (FakeArray, [NullShape, ReturnsBytes], []),
+    "producer.drop-frees": (FakeArray, [NeverFrees, ReturnsBytes], []),
+    "producer.consumed-not-freed": (FakeArray, [FreesWhenUsed, ReturnsBytes], []),
     # FakeArray's destructor is Python code, which cannot keep an exception in flight: it is the broken one
-    "producer.destructor-keeps-exception": (dlbridge_maker, [FakeArray]),
-    "exchange.capsule": (dlbridge_maker, [TableNamedWrong, TableOnInstance]),
-    "exchange.version": (dlbridge_maker, [TableVersion2]),
-    "exchange.pointers": (dlbridge_maker, [TableWithoutStream]),
-    "exchange.matches-dlpack": (dlbridge_maker, [TableRefuses, TableSkipsRefusal]),
-    "exchange.allocator": (dlbridge_maker, [TableAllocatorFails]),
-    "exchange.current-work-stream": (dlbridge_maker, [TableCpuStream]),
+    "producer.destructor-keeps-exception": (dlbridge_maker, [FakeArray, ReturnsBytes], []),
+    "exchange.capsule": (dlbridge_maker, [TableNamedWrong, TableOnInstance], []),
+    "exchange.version": (dlbridge_maker, [TableVersion2], []),
+    "exchange.pointers": (dlbridge_maker, [TableWithoutStream], []),
+    "exchange.matches-dlpack": (dlbridge_maker, [TableRefuses, TableSkipsRefusal], []),
+    "exchange.allocator": (dlbridge_maker, [TableAllocatorFails], []),
+    "exchange.current-work-stream": (dlbridge_maker, [], [TableCpuStream]),
 }
 ISOLATED = {"producer.destructor-keeps-exception"}
 
 
 def verdict(make, rule_id):
     isolate = rule_id in ISOLATED
-    if isolate and make.__module__ == __name__:
-        make = f"test_check:{make.__name__}"
+    if isolate and make.__module__ in (__name__, "test_check_fakes"):
+        make = f"{make.__module__}:{make.__name__}"
     (result,) = check_producer(make, only=[rule_id], isolate=isolate).results
     return result
 
 
-def test_every_producer_rule_has_a_case():
+def test_every_producer_rule_has_a_case_and_every_level_a_rule():
     assert set(CASES) == {r.id for r in rules("producer")}
+    assert {r.level for r in rules("producer")} == {"MUST", "SHOULD", "MAY"}
+    for rule_id, (_, broken, variants) in CASES.items():
+        assert broken or RULES[rule_id].level == "MAY", f"{rule_id} has no producer that breaks it"
 
 
 @pytest.mark.parametrize("rule_id", CASES)
@@ -296,11 +324,25 @@ def test_correct_producer_passes(rule_id):
     assert result.status == "pass", result
 
 
-@pytest.mark.parametrize("rule_id,broken", [(r, b) for r, (_, bs) in CASES.items() for b in bs],
+@pytest.mark.parametrize("rule_id,broken", [(r, b) for r, (_, bs, _) in CASES.items() for b in bs],
                          ids=lambda x: x if isinstance(x, str) else x.__name__)
-def test_broken_producer_fails(rule_id, broken):
+def test_broken_producer_breaks_the_rule_at_its_level(rule_id, broken):
     result = verdict(broken, rule_id)
-    assert result.status == "fail" and result.detail, result
+    assert result.status == VERDICT[RULES[rule_id].level] and result.detail, result
+
+
+@pytest.mark.parametrize("rule_id,variant", [(r, v) for r, (_, _, vs) in CASES.items() for v in vs],
+                         ids=lambda x: x if isinstance(x, str) else x.__name__)
+def test_a_variant_the_sentence_allows_passes_with_a_note(rule_id, variant):
+    result = verdict(variant, rule_id)
+    assert result.status == "noted" and result.detail, result
+
+
+def test_a_producer_that_makes_no_capsule_passes_no_rule():
+    statuses = {r.rule: r.status for r in check_producer("test_check_fakes:ReturnsBytes", isolate=True).results}
+    passed = {rule for rule, status in statuses.items() if status in ("pass", "noted")}
+    assert not passed, passed
+    assert statuses["producer.drop-frees"] == statuses["producer.destructor-keeps-exception"] == "fail"
 
 
 def test_a_failure_says_what_happened_and_cites_its_sentence():
@@ -310,7 +352,13 @@ def test_a_failure_says_what_happened_and_cites_its_sentence():
     text = str(info.value)
     assert "left IS_COPIED unset" in text
     assert "When a copy happens, the DLPACK_FLAG_BITMASK_IS_COPIED flag must be set." in text
-    assert "array.__dlpack__" in text  # the document
+    assert "MUST: Python array API standard" in text and "array.__dlpack__, parameter copy" in text
+    assert "https://data-apis.org/array-api/" in text and "shared/spec" not in text
+
+
+def test_sources_are_public_names_with_links():
+    for r in rules():
+        assert "shared/" not in r.citation() and "https://" in r.citation(), r.id
 
 
 def test_rules_that_need_what_a_maker_cannot_make_are_not_applicable():

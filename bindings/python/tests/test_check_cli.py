@@ -30,7 +30,8 @@ def test_plain_rows_say_status_what_happened_and_the_sentence():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "  PASS  producer.copy-true: copy=True gives fresh memory" in proc.stdout
     assert '"copy - If True, the function must always copy' in proc.stdout
-    assert "2 pass, 0 fail, 0 not applicable" in proc.stdout
+    assert "MUST: Python array API standard" in proc.stdout and "SHOULD: dlpack.h" in proc.stdout
+    assert "2 pass, 0 pass with a note, 0 warn, 0 fail, 0 not applicable" in proc.stdout
 
 
 def test_a_failure_sets_the_exit_status_and_json_carries_everything():
@@ -38,10 +39,21 @@ def test_a_failure_sets_the_exit_status_and_json_carries_everything():
                  "--only", "producer.readonly-flag")
     assert proc.returncode == 1
     (target,) = json.loads(proc.stdout)["targets"]
-    assert target["summary"] == {"pass": 1, "fail": 1, "n/a": 0}
+    assert target["summary"] == {"pass": 1, "noted": 0, "warn": 0, "fail": 1, "n/a": 0}
     failed = next(r for r in target["results"] if r["status"] == "fail")
     assert failed["rule"] == "producer.copy-true" and "IS_COPIED unset" in failed["detail"]
-    assert "array.__dlpack__" in failed["source"] and "IS_COPIED flag must be set" in failed["quote"]
+    assert failed["level"] == "MUST" and failed["source"] == "Python array API standard (v2023.12 and later)"
+    assert failed["section"] == "array.__dlpack__, parameter copy" and failed["url"].startswith("https://")
+    assert "IS_COPIED flag must be set" in failed["quote"]
+
+
+def test_a_warning_or_a_note_leaves_the_exit_status_zero():
+    proc = check("--json", "test_check:ZeroSizeWithData", "--only", "producer.zero-size-null-data")
+    (target,) = json.loads(proc.stdout)["targets"]
+    assert proc.returncode == 0 and target["results"][0]["status"] == "warn"
+    proc = check("--json", "test_check:ReadOnlyLegacyAllowed", "--only", "producer.readonly-legacy")
+    (target,) = json.loads(proc.stdout)["targets"]
+    assert proc.returncode == 0 and target["results"][0]["status"] == "noted"
 
 
 def test_unknown_target_and_rule_are_usage_errors():
@@ -84,12 +96,20 @@ def test_list_shows_every_rule_with_its_citation():
     assert "consumer.major-2: " in proc.stdout and "the consumer must call the deleter" in proc.stdout
 
 
-def test_the_report_stays_the_default_command():
+def test_the_report_stays_the_default_command_and_help_lists_both():
     from dlbridge import __main__ as entry
 
     assert entry.COMMANDS["report"] == "dlbridge._report" and entry.COMMANDS["check"] == "dlbridge._check"
     proc = subprocess.run([sys.executable, "-m", "dlbridge", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert any(line.split()[:1] == ["report"] for line in lines) and any(line.split()[:1] == ["check"] for line in lines)
+    proc = subprocess.run([sys.executable, "-m", "dlbridge", "report", "--help"], capture_output=True, text=True,
+                          timeout=60)
     assert "python -m dlbridge [report]" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "dlbridge", "check", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert "python -m dlbridge check" in proc.stdout and "--markdown" in proc.stdout
 
 
 def test_children_share_one_runner_with_the_report():
@@ -97,10 +117,12 @@ def test_children_share_one_runner_with_the_report():
 
     assert run.isolate is isolate
     assert isolate.crash_message(-6, "boom\nabort\n") == "process crashed (exit -6, SIGABRT): abort"
-    code = ("import json, sys\nfor n in sys.argv[1:]:\n    if n == 'b': sys.exit(3)\n"
-            "    print(json.dumps({'name': n}), flush=True)")
+    code = ("import sys\nfrom dlbridge._check import isolate\nfor n in sys.argv[1:]:\n    if n == 'b': sys.exit(3)\n"
+            "    print('{\"name\": \"' + n + '\", \"printed\": 1}', flush=True)\n"
+            "    isolate.record({'name': n})")
     records = isolate.run_children(lambda pending: [sys.executable, "-c", code, *pending], ["a", "b", "c"])
-    # the child died on 'b' (the first name without a line); 'c' went to a fresh child
+    # the child died on 'b' (the first name without a record); 'c' went to a fresh child; what it printed
+    # to stdout is not a record
     assert records == {"a": {"name": "a"}, "b": {"name": "b", "crashed": "process crashed (exit 3)"},
                        "c": {"name": "c"}}
     # a child that cannot start fails every probe at once, instead of being started once per probe
@@ -135,3 +157,70 @@ def test_pytest_plugin_needs_no_test_file(tmp_path):
     assert "FAILED ::dlpack[test_check_fakes:FakeArray][producer.destructor-keeps-exception]" in proc.stdout
     assert "process crashed" in proc.stdout and "PyErr_Fetch" in proc.stdout  # what happened, and the sentence
     assert "20 passed, 6 skipped" in proc.stdout
+
+
+def test_a_library_that_prints_to_stdout_is_judged_as_if_it_did_not():
+    noisy = check("--json", "noisy_lib")
+    assert noisy.returncode in (0, 1), noisy.stderr[-2000:]
+    (target,) = json.loads(_last_json(noisy.stdout))["targets"]
+    quiet = json.loads(_last_json(check("--json", "test_check_fakes:FakeArray", "test_check_fakes:mini_from_dlpack")
+                                  .stdout))["targets"]
+    verdicts = {r["rule"]: r["status"] for r in target["results"]}
+    assert verdicts == {r["rule"]: r["status"] for t in quiet for r in t["results"]}
+    assert verdicts["producer.keywords"] == verdicts["consumer.renames"] == "pass"
+
+
+def _last_json(stdout):
+    """The checker's document: what the library printed on import comes first."""
+    return stdout[stdout.index('{\n  "dlbridge"'):]
+
+
+NO_PEERS = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"numpy", "torch", "jax", "jaxlib", "tvm_ffi", "cupy", "tensorflow", "pyarrow",
+                                  "mpi4py", "ml_dtypes"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_markdown_with_no_peer_installed_is_a_well_formed_table(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(NO_PEERS)
+    proc = subprocess.run([sys.executable, "-m", "dlbridge", "check", "--markdown", "--only",
+                           "producer.keywords,consumer.renames"], capture_output=True, text=True, timeout=300,
+                          env={**env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), env()["PYTHONPATH"]])})
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    assert rows[0].startswith("| rule | level | what must hold | dlbridge") and "numpy" not in rows[0]
+    widths = {line.count(" | ") for line in rows}
+    assert len(widths) == 1 and set(rows[1].replace("|", "").split()) == {"---"}, rows
+
+
+def test_markdown_of_no_target_is_still_well_formed():
+    from dlbridge._check import render
+
+    rows = [line for line in render.markdown([], "python -m dlbridge check --markdown") if line.startswith("|")]
+    assert len({line.count("|") for line in rows}) == 1, rows
+
+
+# Verdicts that blamed a peer for what the rule's own sentence allows: never a failure now.
+PEER_VERDICTS = {
+    "jax": {"producer.versioned": ("pass", "noted"), "producer.readonly-legacy": ("pass", "noted"),
+            "producer.zero-size-null-data": ("pass", "warn"), "consumer.negative-strides": ("pass", "noted"),
+            "consumer.zero-strides": ("pass", "noted"), "consumer.asks-versioned": ("pass", "warn")},
+    "torch": {"consumer.readonly": ("pass", "noted"), "consumer.negative-strides": ("pass", "noted"),
+              "producer.stream-cpu": ("pass", "noted")},
+    "numpy": {"producer.zero-size-null-data": ("pass", "warn")},
+}
+
+
+@pytest.mark.parametrize("peer", PEER_VERDICTS)
+def test_peers_are_judged_by_the_sentence_each_rule_quotes(peer):
+    pytest.importorskip(peer)
+    proc = check("--json", peer, "--only", ",".join(PEER_VERDICTS[peer]))
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    (target,) = json.loads(proc.stdout)["targets"]
+    got = {r["rule"]: r["status"] for r in target["results"]}
+    assert all(got[rule] in allowed for rule, allowed in PEER_VERDICTS[peer].items()), got

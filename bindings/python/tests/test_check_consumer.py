@@ -1,28 +1,34 @@
-"""The conformance checker's consumer rules, each shown to fail on a from_dlpack broken in exactly that
-way (MiniConsumer with one defect) and to pass on a correct one (MiniConsumer as is)."""
+"""The conformance checker's consumer rules: each is shown to break (fail for a MUST rule, warn for a
+SHOULD rule) on a from_dlpack broken in exactly that way (MiniConsumer with one defect), to pass on a
+correct one (MiniConsumer as is), and to pass with a note on each variant its sentence allows. No rule
+passes a consumer that never reads the tensor."""
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import dlbridge
+from dlbridge._check.rules import RULES, VERDICT
 from dlbridge.testing import check_consumer, rules
-from test_check_fakes import MiniConsumer
+from test_check_fakes import MiniConsumer, echo_from_dlpack, garbage_from_dlpack, handback_from_dlpack
 
-# rule: the defects that must each make it fail
+# rule: the defects that must each break it
 BROKEN = {
     "consumer.renames": [{"no_rename": True}],
     "consumer.deleter": [{"early_delete": True}, {"double_delete": True}],
     "consumer.used-capsule": [{"accept_used": True}],
-    "consumer.readonly": [{"ignore_readonly": True}],
+    "consumer.readonly": [{"refuse_readonly": True}],
     "consumer.null-strides": [{"null_strides_as_zero": True}],
     "consumer.negative-strides": [{"ignore_strides": True}],
     "consumer.zero-strides": [{"ignore_strides": True}],
     "consumer.byte-offset": [{"ignore_byte_offset": True}],
     "consumer.size0-null-data": [{"refuse_null_data": True}],
     "consumer.0d": [{"require_shape": True}],
-    "consumer.ndim-64": [{"max_ndim_32": True}],
+    "consumer.ndim-64": [{"truncate_ndim_32": True}],
     "consumer.unknown-dtype": [{"no_dtype_check": True}, {"leak_on_refusal": True}],
     "consumer.wrong-bits": [{"no_bits_check": True}],
     "consumer.major-2": [{"no_major_check": True}],
@@ -31,6 +37,13 @@ BROKEN = {
     "consumer.legacy-fallback": [{"no_fallback": True}],
     "consumer.no-dl-device-copy": [{"always_keywords": True}],
     "consumer.asks-versioned": [{"legacy_only": True}],
+}
+# rule: (defects, declared ignores_readonly) of variants its sentence allows, which pass with a note
+VARIANTS = {
+    "consumer.readonly": [({"ignore_readonly": True}, None), ({"ignore_readonly": True}, True)],
+    "consumer.negative-strides": [({"refuse_strided": True}, None)],
+    "consumer.zero-strides": [({"refuse_strided": True}, None)],
+    "consumer.ndim-64": [({"max_ndim_32": True}, None)],
 }
 
 
@@ -51,14 +64,48 @@ def test_correct_consumer_passes(rule_id):
 
 @pytest.mark.parametrize("rule_id,defects", [(r, d) for r, ds in BROKEN.items() for d in ds],
                          ids=lambda x: x if isinstance(x, str) else ",".join(x))
-def test_broken_consumer_fails(rule_id, defects):
+def test_broken_consumer_breaks_the_rule_at_its_level(rule_id, defects):
     result = verdict(MiniConsumer(**defects), rule_id)
-    assert result.status == "fail" and result.detail, result
+    assert result.status == VERDICT[RULES[rule_id].level] and result.detail, result
 
 
-def test_ignoring_read_only_passes_when_declared():
+@pytest.mark.parametrize("rule_id,defects,declared", [(r, d, decl) for r, vs in VARIANTS.items() for d, decl in vs],
+                         ids=lambda x: x if isinstance(x, str) else repr(x))
+def test_a_variant_the_sentence_allows_passes_with_a_note(rule_id, defects, declared):
+    result = verdict(MiniConsumer(**defects), rule_id, ignores_readonly=declared)
+    assert result.status == "noted" and result.detail, result
+
+
+def test_ignoring_read_only_is_noted_as_declared():
     result = verdict(MiniConsumer(ignore_readonly=True), "consumer.readonly", ignores_readonly=True)
-    assert result.status == "pass" and "as declared" in result.detail
+    assert "as it has no read-only arrays" in result.detail
+
+
+def test_a_library_with_read_only_arrays_that_ignores_the_flag_is_warned():
+    import ctypes
+
+    from dlbridge._check.rules import run_rule
+    from dlbridge._check.targets import PeerConsumer, Target
+    from dlbridge._report.peers import NumPy
+
+    np = pytest.importorskip("numpy")
+
+    class Careless(NumPy):
+        """NumPy's adapter with a from_dlpack that makes every result writable, READ_ONLY or not."""
+
+        def consume(self, t):
+            a = np.from_dlpack(t)
+            # a writable view of the same memory, which the checker keeps alive until the rule ends
+            raw = (ctypes.c_char * a.nbytes).from_address(a.__array_interface__["data"][0])
+            return np.frombuffer(raw, dtype=a.dtype).reshape(a.shape)
+
+    readonly_rule = next(r for r in rules("consumer") if r.id == "consumer.readonly")
+    consumer = PeerConsumer(Careless())
+    assert consumer.ignores_readonly is False, "NumPy has read-only arrays"
+    result = run_rule(readonly_rule, Target("careless numpy", consumer=consumer))
+    assert result.status == "warn" and "has read-only arrays" in result.detail, result
+    honest = run_rule(readonly_rule, Target("numpy", consumer=PeerConsumer(NumPy())))
+    assert honest.status == "pass" and honest.detail == "read-only", honest
 
 
 def test_legacy_only_consumer_makes_versioned_rules_not_applicable():
@@ -67,12 +114,28 @@ def test_legacy_only_consumer_makes_versioned_rules_not_applicable():
         assert result.status == "n/a" and "legacy capsules only" in result.detail
 
 
+@pytest.mark.parametrize("consumer", [garbage_from_dlpack, echo_from_dlpack, handback_from_dlpack],
+                         ids=lambda f: f.__name__)
+def test_a_consumer_that_reads_nothing_passes_no_rule(consumer):
+    report = check_consumer(consumer, isolate=False)
+    passed = [r for r in report.results if r.status in ("pass", "noted", "n/a")]
+    if consumer is not garbage_from_dlpack:
+        # it asked for the capsule, so the rules that judge only refusals and requests can pass
+        passed = [r for r in passed if r.rule not in REFUSALS_AND_REQUESTS]
+    assert not passed, passed
+    if consumer is garbage_from_dlpack:
+        assert all("never called __dlpack__" in r.detail for r in report.results), report
+
+
+# Rules about what a consumer refuses or asks for, which need no values read.
+REFUSALS_AND_REQUESTS = {"consumer.used-capsule", "consumer.unknown-dtype", "consumer.wrong-bits", "consumer.major-2",
+                         "consumer.negative-shape", "consumer.negative-ndim", "consumer.asks-versioned"}
+
+
 def test_a_crashing_consumer_is_reported_and_the_other_rules_still_run():
     proc = subprocess.run([sys.executable, "-m", "dlbridge", "check", "--json",
                            "test_check_fakes:crashing_from_dlpack"], capture_output=True, text=True, timeout=300,
                           env=_env())
-    import json
-
     (target,) = json.loads(proc.stdout)["targets"]
     by_rule = {r["rule"]: r for r in target["results"]}
     crashed = by_rule.pop("consumer.negative-strides")
@@ -82,9 +145,6 @@ def test_a_crashing_consumer_is_reported_and_the_other_rules_still_run():
 
 
 def _env():
-    import os
-    from pathlib import Path
-
     here = str(Path(__file__).parent)
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
 

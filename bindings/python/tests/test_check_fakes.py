@@ -126,6 +126,8 @@ class MiniConsumer:
             if major != 1:
                 raise BufferError(f"DLPack major version {major} is not supported")
         s = abi.snapshot_address(address, versioned, name, max_ndim=64 if not d["no_ndim_check"] else 1 << 30)
+        if d["truncate_ndim_32"] and s.ndim > 32:
+            s.ndim, s.shape, s.strides = 32, s.shape[:32], s.strides and s.strides[:32]
         self.validate(s)
         if not d["leak_on_refusal"] and not d["no_rename"]:
             self.rename(capsule, name)
@@ -153,12 +155,16 @@ class MiniConsumer:
             raise BufferError(f"negative shape {s.shape}")
         if not s.data and (d["refuse_null_data"] or math.prod(s.shape or []) > 0):
             raise BufferError("data is NULL")
+        if d["refuse_readonly"] and s.flags and s.flags & abi.READ_ONLY:
+            raise BufferError("read-only tensors are not supported")
+        if d["refuse_strided"] and any(v <= 0 for v in s.strides or []):
+            raise BufferError(f"strides {s.strides} are not supported")
 
 
 DEFECTS = ("legacy_only", "always_keywords", "no_fallback", "accept_used", "leak_on_refusal", "no_major_check",
            "no_ndim_check", "max_ndim_32", "no_dtype_check", "no_bits_check", "require_shape", "no_shape_check",
            "refuse_null_data", "no_rename", "early_delete", "double_delete", "ignore_readonly", "null_strides_as_zero",
-           "ignore_strides", "ignore_byte_offset")
+           "ignore_strides", "ignore_byte_offset", "refuse_readonly", "refuse_strided", "truncate_ndim_32")
 
 
 class MiniArray:
@@ -218,3 +224,40 @@ class _Again:
 
 
 mini_from_dlpack = MiniConsumer()  # importable by name: `test_check_fakes:mini_from_dlpack`
+
+
+# --- consumers and producers that do nothing the checker could see -----------------------------------
+
+def garbage_from_dlpack(x):
+    """Never calls __dlpack__; returns a string."""
+    return "garbage"
+
+
+def echo_from_dlpack(x):
+    """Calls __dlpack__, then returns its argument instead of an array of its own."""
+    x.__dlpack__(max_version=(1, 3))
+    return x
+
+
+class _HandBack:
+    def __init__(self, capsule):
+        self.capsule = capsule
+
+    def __dlpack__(self, **kw):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def handback_from_dlpack(x):
+    """Takes the capsule and hands that very capsule back, unread, through a __dlpack__ of its own."""
+    return _HandBack(x.__dlpack__(max_version=(1, 3)))
+
+
+class ReturnsBytes(FakeArray):
+    """A __dlpack__ that returns bytes, never a capsule."""
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        super().__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)  # its refusals
+        return b"not a capsule"

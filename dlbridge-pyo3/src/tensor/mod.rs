@@ -306,6 +306,16 @@ impl Tensor {
         pickle::reduce_ex(slf, protocol)
     }
 
+    /// `copy.copy`: the same values and writability in new memory (see pickle.rs).
+    fn __copy__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        pickle::copy(slf)
+    }
+
+    /// `copy.deepcopy`: as `copy.copy`, since a tensor holds no Python objects.
+    fn __deepcopy__<'py>(slf: &Bound<'py, Self>, _memo: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        pickle::copy(slf)
+    }
+
     /// The bytes of a C-contiguous CPU tensor as a 1-d uint8 tensor sharing them.
     fn _bytes(slf: &Bound<'_, Self>) -> PyResult<Tensor> {
         pickle::bytes_view(slf)

@@ -1,19 +1,29 @@
-//! Pickling a `Tensor`: its bytes, C-contiguous, plus dtype, shape and
-//! writability. With protocol 5 the bytes go out of band (`pickle.PickleBuffer`),
-//! so transports that keep out-of-band buffers copy nothing more; older
-//! protocols carry them in band. A non-contiguous tensor is pickled as its
-//! contiguous copy (strides are not kept). A tensor over a shared-memory
-//! segment (`dlbridge.share_memory`) is pickled as a handle to the segment by
-//! the segment object itself.
+//! Pickling and copying a `Tensor`: its bytes, C-contiguous, plus dtype, shape
+//! and writability. With protocol 5 the bytes go out of band
+//! (`pickle.PickleBuffer`), so transports that keep out-of-band buffers copy
+//! nothing more; older protocols carry them in band. A non-contiguous tensor is
+//! pickled as its contiguous copy (strides are not kept). A tensor over a
+//! shared-memory segment (`dlbridge.share_memory`) is pickled as a handle to the
+//! segment by the segment object itself.
+//!
+//! Writability survives every route: unknown stays unknown, read-only stays
+//! read-only, writable stays writable. A writable or unknown tensor rebuilt over
+//! read-only bytes (an in-band payload) is copied once into memory it may hand
+//! to writers. `copy.copy` and `copy.deepcopy` give new memory (a new segment for
+//! a shared tensor), never a second view of the same bytes.
+//!
+//! Every allocation a size controls is fallible (MemoryError), and so is every
+//! Python object built here: PyO3's infallible constructors panic when Python
+//! cannot allocate.
 
 use core::ffi::c_void;
 
 use dlbridge::export::{export_raw, RawLayout};
 use dlbridge::ffi::{DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED, DLPACK_FLAG_BITMASK_READ_ONLY};
-use dlbridge::{to_contiguous, AlignedBuffer, DataType, Device, OwnedTensor};
+use dlbridge::{to_contiguous, AlignedBuffer, DataType, Device, OwnedTensor, MAX_NDIM};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::{PyList, PyTuple};
 use pyo3::{ffi, intern};
 
 use super::Tensor;
@@ -23,6 +33,92 @@ use crate::errors::IntoPyResult;
 use crate::import::open_buffer;
 use crate::owner::PyOwner;
 use crate::writability::Writability;
+
+/// The reads of a tensor's bytes that pickling and copying make, all of them:
+/// the one place to guard against a writer of the same memory.
+mod read {
+    use super::*;
+
+    /// A C-contiguous copy of a CPU-accessible tensor, in fresh memory Rust owns.
+    pub(super) fn contiguous_copy(this: &Tensor) -> PyResult<OwnedTensor> {
+        to_contiguous(this.host_read()?.view()).py()
+    }
+
+    /// A new `bytes` object holding a C-contiguous CPU tensor's bytes.
+    pub(super) fn to_bytes<'py>(py: Python<'py>, this: &Tensor) -> PyResult<Bound<'py, PyAny>> {
+        let read = this.host_read()?;
+        if !read.view().is_c_contiguous() {
+            return Err(PyValueError::new_err("only a C-contiguous tensor has one run of bytes"));
+        }
+        new::bytes(py, read.view().try_as_bytes().py()?)
+    }
+}
+
+/// Python objects built fallibly: NULL (out of memory) is the exception Python
+/// set, where PyO3's `PyBytes::new`, `PyTuple::new` and `into_pyobject` panic.
+mod new {
+    use super::*;
+
+    fn owned(py: Python<'_>, ptr: *mut ffi::PyObject) -> PyResult<Bound<'_, PyAny>> {
+        // SAFETY: `ptr` is a new reference, or NULL with an exception set.
+        unsafe { Bound::from_owned_ptr_or_err(py, ptr) }
+    }
+
+    pub(super) fn bytes<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+        let len = ffi::Py_ssize_t::try_from(data.len()).map_err(|_| PyValueError::new_err("too many bytes for one bytes object"))?;
+        // SAFETY: `data` is `len` readable bytes, copied before this returns.
+        owned(py, unsafe { ffi::PyBytes_FromStringAndSize(data.as_ptr().cast(), len) })
+    }
+
+    pub(super) fn str<'py>(py: Python<'py>, s: &str) -> PyResult<Bound<'py, PyAny>> {
+        // SAFETY: `s` is valid UTF-8 of that length (a Rust str is at most isize::MAX bytes).
+        owned(py, unsafe { ffi::PyUnicode_FromStringAndSize(s.as_ptr().cast(), s.len() as ffi::Py_ssize_t) })
+    }
+
+    pub(super) fn int(py: Python<'_>, value: i64) -> PyResult<Bound<'_, PyAny>> {
+        // SAFETY: no precondition.
+        owned(py, unsafe { ffi::PyLong_FromLongLong(value) })
+    }
+
+    pub(super) fn bool(py: Python<'_>, value: bool) -> Bound<'_, PyAny> {
+        pyo3::types::PyBool::new(py, value).to_owned().into_any()
+    }
+
+    /// A tuple of exactly `len` items.
+    pub(super) fn tuple<'py>(
+        py: Python<'py>,
+        len: usize,
+        items: impl IntoIterator<Item = PyResult<Bound<'py, PyAny>>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        // SAFETY: a new reference or NULL; `len` is at most a few dozen.
+        let tuple = owned(py, unsafe { ffi::PyTuple_New(len as ffi::Py_ssize_t) })?;
+        let mut filled = 0;
+        for item in items.into_iter().take(len) {
+            // SAFETY: index `filled` < len of a new tuple nobody else sees; SET_ITEM steals the reference.
+            unsafe { ffi::PyTuple_SET_ITEM(tuple.as_ptr(), filled as ffi::Py_ssize_t, item?.into_ptr()) };
+            filled += 1;
+        }
+        if filled != len {
+            // Never handed out with empty slots (dropping it is safe: slots are NULL-checked).
+            return Err(pyo3::exceptions::PySystemError::new_err(format!("a tuple of {len} got {filled} items")));
+        }
+        // SAFETY: a tuple, just made and filled.
+        Ok(unsafe { tuple.cast_into_unchecked() })
+    }
+
+    pub(super) fn shape<'py>(py: Python<'py>, shape: &[i64]) -> PyResult<Bound<'py, PyTuple>> {
+        tuple(py, shape.len(), shape.iter().map(|&n| int(py, n)))
+    }
+}
+
+/// Pickling and copying refuse device memory: the bytes would be read on the host.
+fn check_cpu(this: &Tensor, what: &str) -> PyResult<()> {
+    let device = this.view().device();
+    if device.is_cpu_accessible() {
+        return Ok(());
+    }
+    Err(PyTypeError::new_err(format!("cannot {what} a tensor on {device}: dlbridge pickles and copies CPU-accessible memory only")))
+}
 
 /// A one-dimensional `uint8` tensor over the bytes of a C-contiguous CPU
 /// tensor, sharing them (and their writability): what a `PickleBuffer` wraps.
@@ -48,49 +144,57 @@ pub(super) fn reduce_ex<'py>(slf: &Bound<'py, Tensor>, protocol: i64) -> PyResul
     let py = slf.py();
     let this = slf.get();
     let view = this.view();
+    let dtype = new::str(py, &view.dtype().to_string())?;
+    let shape = new::shape(py, view.shape())?.into_any();
+    let writability = new::str(py, this.writability.name())?;
+    let padded = new::bool(py, view.is_subbyte_padded());
     if let Some(origin) = &this.origin {
-        let args = (view.dtype().to_string(), PyTuple::new(py, view.shape())?, this.writability.name(), view.is_subbyte_padded());
+        let args = new::tuple(py, 4, [Ok(dtype), Ok(shape), Ok(writability), Ok(padded)])?;
         return Ok(origin.bind(py).call_method1(intern!(py, "tensor_reduce"), args)?.cast_into::<PyTuple>()?);
     }
-    if !view.device().is_cpu_accessible() {
-        return Err(PyTypeError::new_err(format!(
-            "cannot pickle a tensor on {}: dlbridge pickles CPU-accessible memory only",
-            view.device()
-        )));
-    }
-    this.wait_for_host()?;
+    check_cpu(this, "pickle")?;
     let source = if view.is_c_contiguous() {
+        this.wait_for_host()?;
         slf.clone()
     } else {
-        let copied: OwnedTensor = to_contiguous(this.read()?.view()).py()?;
-        Bound::new(py, Tensor::with_writability(copied.into(), this.writability))?
+        Bound::new(py, Tensor::with_writability(read::contiguous_copy(this)?.into(), this.writability))?
     };
-    let bytes = Bound::new(py, bytes_view(&source)?)?;
     let payload = if protocol >= 5 {
+        let bytes = Bound::new(py, bytes_view(&source)?)?;
         py.import(intern!(py, "pickle"))?.getattr(intern!(py, "PickleBuffer"))?.call1((bytes,))?
     } else {
-        // A live contiguous uint8 tensor: its view's bytes (none when empty, where the pointer is NULL).
-        let read = bytes.get().read()?;
-        PyBytes::new(py, read.view().try_as_bytes().py()?).into_any()
+        read::to_bytes(py, source.get())?
     };
-    let dtype = view.dtype().to_string();
-    let shape = PyTuple::new(py, view.shape())?;
     let rebuild = py.import(intern!(py, "dlbridge"))?.getattr(intern!(py, "_rebuild_tensor"))?;
-    let args = (payload, dtype, shape, this.writability.name(), view.is_subbyte_padded());
-    PyTuple::new(py, [rebuild, args.into_pyobject(py)?.into_any()])
+    let args = new::tuple(py, 5, [Ok(payload), Ok(dtype), Ok(shape), Ok(writability), Ok(padded)])?.into_any();
+    new::tuple(py, 2, [Ok(rebuild), Ok(args)])
+}
+
+/// `copy.copy(t)` and `copy.deepcopy(t)`: the same dtype, shape, values and
+/// writability in new memory, C-contiguous; in a new segment for a shared tensor.
+pub(super) fn copy<'py>(slf: &Bound<'py, Tensor>) -> PyResult<Bound<'py, PyAny>> {
+    let py = slf.py();
+    let this = slf.get();
+    check_cpu(this, "copy")?;
+    if this.origin.is_some() {
+        return py.import(intern!(py, "dlbridge._shared"))?.getattr(intern!(py, "share_memory"))?.call1((slf,));
+    }
+    let copied = read::contiguous_copy(this)?;
+    Ok(Bound::new(py, Tensor::with_writability(copied.into(), this.writability))?.into_any())
 }
 
 /// `_rebuild_tensor(payload, dtype, shape, writability, padded, origin=None)`:
 /// the tensor a pickle describes, over `payload`'s bytes (any C-contiguous
-/// buffer) without copying, unless the tensor was writable and the payload is
-/// not, when the bytes are copied once. `origin` (a shared-memory segment) is
-/// kept alive with the tensor and pickles it again.
+/// buffer) without copying, unless the tensor may be handed to writers
+/// (writable or unknown) and the payload is read-only, when the bytes are
+/// copied once. `origin` (a shared-memory segment) is kept alive with the
+/// tensor and pickles it again.
 #[pyfunction]
 #[pyo3(signature = (payload, dtype, shape, writability, padded, origin=None))]
 pub(crate) fn _rebuild_tensor(
     payload: &Bound<'_, PyAny>,
     dtype: &Bound<'_, PyAny>,
-    shape: Vec<i64>,
+    shape: &Bound<'_, PyAny>,
     writability: &str,
     padded: bool,
     origin: Option<Py<PyAny>>,
@@ -98,6 +202,7 @@ pub(crate) fn _rebuild_tensor(
     let malformed = |why: String| PyValueError::new_err(format!("malformed dlbridge pickle: {why}"));
     let dtype = parse_dtype(dtype).map_err(|e| malformed(e.value(payload.py()).to_string()))?;
     let writability = Writability::from_name(writability).ok_or_else(|| malformed(format!("writability {writability:?}")))?;
+    let shape = parse_shape(shape).map_err(|e| malformed(e.value(payload.py()).to_string()))?;
     let numel = dlbridge::layout::element_count(&shape).map_err(|e| malformed(e.to_string()))?;
     let padded = padded && dtype.is_sub_byte();
     let needed = dtype
@@ -111,7 +216,9 @@ pub(crate) fn _rebuild_tensor(
     }
     let mut flags = if padded { DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED } else { 0 };
     let layout = RawLayout { dtype, device: Device::CPU, shape: &shape, strides: None, byte_offset: 0 };
-    let owned: OwnedTensor = if writability.is_writable() && buffer.readonly != 0 {
+    // A writable or unknown tensor may reach writers (a legacy export of an
+    // unknown one): never over memory that is read-only.
+    let owned: OwnedTensor = if writability != Writability::ReadOnly && buffer.readonly != 0 {
         let mut copy = AlignedBuffer::zeroed(needed).py()?;
         if needed > 0 {
             // SAFETY: the buffer view holds `needed` readable bytes (checked above), so its
@@ -124,7 +231,7 @@ pub(crate) fn _rebuild_tensor(
         // whole extent, and is the owner; its heap memory does not move with it.
         unsafe { export_raw(copy, data, layout, flags) }.py()?
     } else {
-        if buffer.readonly != 0 || !writability.is_writable() {
+        if buffer.readonly != 0 || writability == Writability::ReadOnly {
             flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
         }
         let data = buffer.buf;
@@ -133,7 +240,24 @@ pub(crate) fn _rebuild_tensor(
         // only if the buffer is writable (READ_ONLY otherwise).
         unsafe { export_raw(owner, data, layout, flags) }.py()?
     };
+    // Writable memory, marked down to the pickled writability (unknown included).
     let mut tensor = Tensor::with_writability(owned.into(), writability);
     tensor.origin = origin;
     Ok(tensor)
+}
+
+/// A pickled shape: a tuple or list of at most `MAX_NDIM` ints (checked before
+/// anything is allocated for it).
+fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    let len = if let Ok(t) = shape.cast::<PyTuple>() {
+        t.len()
+    } else if let Ok(l) = shape.cast::<PyList>() {
+        l.len()
+    } else {
+        return Err(PyTypeError::new_err(format!("shape must be a tuple of ints, got {}", shape.get_type())));
+    };
+    if len > MAX_NDIM {
+        return Err(PyValueError::new_err(format!("{len} dimensions; at most {MAX_NDIM} are supported")));
+    }
+    shape.extract()
 }

@@ -9,7 +9,7 @@
 """
 
 from ._native import DLPACK_VERSION, DType, Tensor, __version__, _rebuild_tensor, asarray, empty, from_dlpack, zeros
-from ._shared import share_memory
+from ._shared import cleanup_shared_memory, share_memory
 
 __all__ = [
     "DLPACK_VERSION",
@@ -17,6 +17,7 @@ __all__ = [
     "Tensor",
     "__version__",
     "asarray",
+    "cleanup_shared_memory",
     "empty",
     "from_dlpack",
     "share_memory",

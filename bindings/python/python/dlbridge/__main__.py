@@ -6,10 +6,26 @@ import sys
 
 # Each command is a module with main(argv) -> exit status, imported only when it runs.
 COMMANDS = {"report": "dlbridge._report", "check": "dlbridge._check"}
+SUMMARY = {
+    "report": "the interop table: dtypes, layouts and flags from each installed library through dlbridge to each "
+              "other (the default)",
+    "check": "the DLPack conformance checker: `check TARGET` judges a library's producer and consumer against the "
+             "specifications' MUST, SHOULD and MAY sentences",
+}
+
+
+def usage():
+    lines = ["usage: python -m dlbridge [COMMAND] [options]", "", "commands:"]
+    lines += [f"  {name:<8} {SUMMARY[name]}" for name in COMMANDS]
+    lines += ["", "`python -m dlbridge COMMAND --help` describes a command's options."]
+    return "\n".join(lines)
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "report"
     return importlib.import_module(COMMANDS[command]).main(argv)
 

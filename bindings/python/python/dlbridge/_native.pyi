@@ -130,6 +130,10 @@ class Tensor:
         """Whether the data lives in a shared-memory segment that pickles as a handle."""
     def __reduce_ex__(self, protocol: SupportsIndex, /) -> Tuple[Any, ...]:
         """Pickle support: the bytes out of band with protocol 5, in band before; a handle when shared."""
+    def __copy__(self) -> "Tensor":
+        """New memory with the same values and writability (a new segment when shared)."""
+    def __deepcopy__(self, memo: Any, /) -> "Tensor":
+        """As __copy__: a tensor holds no Python objects."""
     def _bytes(self) -> "Tensor": ...
     @property
     def _writability(self) -> str: ...

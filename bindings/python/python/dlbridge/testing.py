@@ -1,6 +1,7 @@
 """DLPack conformance rules for another library's own tests: the rules of `python -m dlbridge check`, as
 functions and as a pytest plugin. Each failure names the rule, what happened, and the specification
-sentence it breaks.
+sentence it breaks. A rule carries its sentence's strength: breaking a MUST rule fails, a SHOULD rule
+warns (a pytest warning), a MAY rule or a variant the sentence allows passes with a note.
 
 As functions:
 
@@ -29,7 +30,7 @@ from ._check import runner
 from ._check.rules import RULES, Result, Rule, select
 from ._check.targets import from_callables
 
-__all__ = ["ConformanceReport", "Case", "check_producer", "check_consumer", "check", "conformance_cases",
+__all__ = ["ConformanceReport", "Case", "DLPackWarning", "check_producer", "check_consumer", "check", "conformance_cases",
            "conformance_tests", "rules", "Result", "Rule"]
 
 
@@ -43,6 +44,10 @@ def explain(result: Result) -> str:
     return f"{r.id}: {r.title}\n    what happened: {result.detail}\n    {r.citation()}"
 
 
+class DLPackWarning(UserWarning):
+    """A SHOULD rule broken: a conformance warning, not a failure."""
+
+
 @dataclass
 class ConformanceReport:
     target: str
@@ -50,7 +55,13 @@ class ConformanceReport:
 
     @property
     def failures(self):
+        """MUST rules broken."""
         return [r for r in self.results if r.status == "fail"]
+
+    @property
+    def warnings(self):
+        """SHOULD rules broken."""
+        return [r for r in self.results if r.status == "warn"]
 
     @property
     def ok(self):
@@ -107,13 +118,13 @@ def check_producer(make: Callable, *, skip: Sequence[str] = (), only: Sequence[s
                    name=None) -> ConformanceReport:
     """Runs the producer (and C exchange API) rules on arrays from make(shape[, readonly=True]).
     `make` may also be a "module:function" string or a library name ("numpy")."""
-    return _check("producer", make, skip, only, isolate, name, False)
+    return _check("producer", make, skip, only, isolate, name, None)
 
 
-def check_consumer(from_dlpack: Callable, *, ignores_readonly=False, skip: Sequence[str] = (),
+def check_consumer(from_dlpack: Callable, *, ignores_readonly=None, skip: Sequence[str] = (),
                    only: Sequence[str] = (), isolate=None, name=None) -> ConformanceReport:
-    """Runs the consumer rules on from_dlpack(x). `ignores_readonly` declares that results of READ_ONLY
-    imports are writable by design (the array API allows ignoring the flag)."""
+    """Runs the consumer rules on from_dlpack(x). `ignores_readonly=True` declares that the library has no
+    read-only arrays, so results of READ_ONLY imports are writable by design (as the array API prefers)."""
     return _check("consumer", from_dlpack, skip, only, isolate, name, ignores_readonly)
 
 
@@ -148,9 +159,13 @@ class Case:
             pytest.skip(f"not applicable: {result.detail}")
         if result.status == "fail":
             raise AssertionError(explain(result))
+        if result.status == "warn":
+            import warnings
+
+            warnings.warn(DLPackWarning(explain(result)), stacklevel=2)
 
 
-def conformance_cases(producer=None, consumer=None, *, ignores_readonly=False, skip: Sequence[str] = (),
+def conformance_cases(producer=None, consumer=None, *, ignores_readonly=None, skip: Sequence[str] = (),
                       isolate=None):
     """pytest.param(Case) per rule for `producer` (a make(shape) callable) and/or `consumer` (a
     from_dlpack), ids set to the rule ids."""
@@ -192,7 +207,8 @@ def pytest_addoption(parser):
     group.addoption("--dlpack-producer", metavar="SPEC", help="library or module:function making arrays from a shape")
     group.addoption("--dlpack-consumer", metavar="SPEC", help="library or module:function, a from_dlpack")
     group.addoption("--dlpack-skip", action="append", default=[], metavar="RULE", help="leave a rule out")
-    group.addoption("--dlpack-ignores-readonly", action="store_true", help="the consumer ignores READ_ONLY")
+    group.addoption("--dlpack-ignores-readonly", action="store_true", default=None,
+                    help="the consumer has no read-only arrays, so it ignores READ_ONLY")
 
 
 def pytest_collection_modifyitems(session, config, items):

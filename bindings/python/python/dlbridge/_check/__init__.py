@@ -2,10 +2,12 @@
 
 TARGET is a library (numpy, torch, jax, tvm_ffi, cupy, tensorflow, pyarrow, mpi4py, dlbridge, or any
 module with zeros/from_dlpack), or a callable `package.module:function` that makes an array from a
-shape (a producer) or, if its name says from_dlpack, consumes one. Each rule prints pass, fail (with
-what happened) or not applicable, and the specification sentence it comes from. Rules run in child
-processes, so a library that crashes is reported, not fatal. Exit status: 0 when nothing failed, 1 when
-a rule failed, 2 when a target cannot be checked. The same rules are functions in dlbridge.testing.
+shape (a producer) or, if its name says from_dlpack, consumes one. Each rule quotes the specification
+sentence it comes from, and carries that sentence's strength: breaking a MUST rule fails, a SHOULD rule
+warns, and a MAY rule (or a variant a sentence allows) passes with a note. Rules run in child processes,
+whose results come back on a channel of their own, so a library that crashes, or prints, is reported
+right. Exit status: 0 when no MUST rule failed, 1 when one did, 2 when a target cannot be checked. The
+same rules are functions in dlbridge.testing.
 """
 
 import argparse
@@ -25,11 +27,12 @@ def _parser():
     p.add_argument("--role", choices=("producer", "consumer"), help="check only this role")
     p.add_argument("--only", action="append", default=[], metavar="RULE[,RULE]", help="run only these rules")
     p.add_argument("--skip", action="append", default=[], metavar="RULE[,RULE]", help="leave these rules out")
-    p.add_argument("--ignores-readonly", action="store_true",
-                   help="the consumer declares that it ignores READ_ONLY (the array API allows it)")
+    p.add_argument("--ignores-readonly", action="store_true", default=None,
+                   help="the consumer declares it has no read-only arrays, so it ignores READ_ONLY (as the array API "
+                        "prefers for such consumers)")
     p.add_argument("--in-process", action="store_true", help="no child processes (faster; a crash ends the run)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per child process (default 300)")
-    p.add_argument("--list", action="store_true", help="list the rules and their sources")
+    p.add_argument("--list", action="store_true", help="list the rules, their levels and their sources")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
 

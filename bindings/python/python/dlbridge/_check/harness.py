@@ -91,24 +91,39 @@ class Seen:
     how: str
     start: Optional[int] = None
     shape: Optional[list] = None  # None: the protocol does not carry the element shape
-    data: Optional[bytes] = None
+    data: Optional[bytes] = None  # None: no values could be read
     readonly: Optional[bool] = None
 
 
-def observe(y) -> Seen:
+def _through_dlpack(y, exporter):
+    """Seen through y.__dlpack__, asking for CPU memory if it is elsewhere; None if it has none."""
+    for kw in ({"max_version": (1, 0)}, {}, {"max_version": (1, 0), "dl_device": (1, 0), "copy": True}):
+        try:
+            capsule = y.__dlpack__(**kw)
+            s = abi.snapshot(capsule)
+        except TypeError:
+            continue
+        except Exception:
+            return None
+        if any(capsule is mine for m in exporter.made.values() for mine in m.capsules):
+            return Seen("the checker's own capsule, handed back")
+        values = abi.values_of(s)
+        if values is None and s.device[0] not in abi.CPU_LIKE:
+            continue  # device memory: ask again for a CPU copy
+        return Seen("__dlpack__", s.start, s.shape or [], None if values is None else b"".join(values),
+                    bool(s.flags & abi.READ_ONLY) if s.versioned else None)
+    return None
+
+
+def observe(y, exporter) -> Seen:
+    """The values of a consumer's result, read by the checker itself: through __dlpack__, the buffer
+    protocol or __array_interface__, never through the consumer's own code."""
+    if y is exporter:
+        return Seen("its argument, returned as it came")
     if hasattr(type(y), "__dlpack__"):
-        for kw in ({"max_version": (1, 0)}, {}):
-            try:
-                capsule = y.__dlpack__(**kw)
-                s = abi.snapshot(capsule)
-            except TypeError:
-                continue
-            except Exception:
-                break
-            values = abi.values_of(s)
-            del capsule
-            return Seen("__dlpack__", s.start, s.shape or [], None if values is None else b"".join(values),
-                        bool(s.flags & abi.READ_ONLY) if s.versioned else None)
+        seen = _through_dlpack(y, exporter)
+        if seen is not None:
+            return seen
     try:
         start, shape, _, size, readonly, elements = abi.buffer_layout(y)
         return Seen("buffer", start, shape if size == 4 else None, b"".join(elements), readonly)
@@ -128,6 +143,7 @@ def observe(y) -> Seen:
 @dataclass
 class Outcome:
     error: Optional[str]  # "Type: message" if the consumer raised
+    got: str  # what it returned, briefly
     name: Optional[str]  # the capsule's name after the import
     kind: Optional[str]  # "dltensor" or "dltensor_versioned": what the consumer was handed
     seen: Optional[Seen]
@@ -136,7 +152,7 @@ class Outcome:
     deleted_while_alive: int
     deleted_after: int  # once the result is gone
     deleted_final: int  # once the capsules are let go too
-    calls: list = field(default_factory=list)
+    calls: list = field(default_factory=list)  # the consumer's own __dlpack__ calls
 
     def asked_versioned(self):
         return any((c.get("max_version") or (0,))[0] >= 1 for c in self.calls)
@@ -157,10 +173,12 @@ def run(consumer, exporter) -> Outcome:
         y = consumer.consume(exporter)
     except Exception as exc:  # the verdict is the rule's; Ctrl-C still stops
         error, y = describe(exc), None
+    calls = list(exporter.calls)  # before the checker asks anything itself
+    got = "nothing" if error else f"a {type(y).__module__}.{type(y).__qualname__}"
     taken = exporter.taken()
     name = abi.capsule_name(taken.capsules[0]) if taken else None
-    seen = observe(y) if y is not None else None
-    writable = consumer.writable(y) if y is not None else None
+    seen = observe(y, exporter) if y is not None else None
+    writable = consumer.writable(y) if y is not None and seen and seen.data is not None else None
     if writable is None and seen is not None and seen.readonly is not None:
         writable = not seen.readonly
     shared = None if seen is None or seen.start is None else any(m.shares(seen.start) for m in exporter.made.values())
@@ -173,4 +191,4 @@ def run(consumer, exporter) -> Outcome:
     exporter.drop()
     settle(lambda: exporter.deleted >= 1, 0.2)
     kind = None if taken is None else abi.VERSIONED if taken.versioned else abi.LEGACY
-    return Outcome(error, name, kind, seen, shared, writable, alive, after, exporter.deleted, list(exporter.calls))
+    return Outcome(error, got, name, kind, seen, shared, writable, alive, after, exporter.deleted, calls)

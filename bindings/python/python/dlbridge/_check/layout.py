@@ -2,7 +2,7 @@
 
 from . import abi
 from .producer import each_export
-from .rules import Violation, expect, rule
+from .rules import MUST, SHOULD, Violation, expect, rule
 
 
 def _exports(target, kind):
@@ -13,8 +13,9 @@ def _exports(target, kind):
     return sample, found
 
 
-@rule("producer.zero-size", "a size-0 array exports, with its shape", "python-spec",
-      "If the array is of size zero, the data pointer in DLTensor should be set to either NULL or 0.")
+@rule("producer.zero-size", "a size-0 array exports, with its shape", MUST, "python-spec", "Implementation",
+      """If the array is of size zero, the data pointer in DLTensor should be set to either NULL or 0. [checker's
+      note: so a size-0 array is exported, and a capsule must describe its array: ndim and shape]""")
 def zero_size(target):
     sample, found = _exports(target, "zero-size")
     for how, s in found:
@@ -22,7 +23,7 @@ def zero_size(target):
                f"{how} of a {sample.shape} array: ndim {s.ndim}, shape {s.shape}")
 
 
-@rule("producer.zero-size-null-data", "a size-0 array's data pointer is NULL", "dlpack.h",
+@rule("producer.zero-size-null-data", "a size-0 array's data pointer is NULL", SHOULD, "dlpack.h", "DLTensor.data",
       "Note that if the tensor is of size zero, then the data pointer should be set to `NULL`.")
 def zero_size_null_data(target):
     _, found = _exports(target, "zero-size")
@@ -30,9 +31,11 @@ def zero_size_null_data(target):
         expect(s.data == 0, f"{how}: the data pointer is not NULL")
 
 
-@rule("producer.0d", "a 0-d array exports ndim 0 and one readable element", "dlpack.h",
+@rule("producer.0d", "a 0-d array exports ndim 0 and one readable element", MUST, "dlpack.h",
+      "DLTensor.shape, DLTensor.strides",
       """The shape of the tensor When ndim == 0, shape can be set to NULL. ... When ndim == 0, strides can be set to
-      NULL.""")
+      NULL. [checker's note: NULL shape and strides are the permitted variants; a 0-d array still holds one
+      element, so its data pointer is not NULL]""")
 def zero_d(target):
     _, found = _exports(target, "0-d")
     for how, s in found:
@@ -44,7 +47,7 @@ def zero_d(target):
 
 
 @rule("producer.strides", "strides count elements (row-major for a C-contiguous array); NULL only before 1.2",
-      "dlpack.h", """strides of the tensor (in number of elements, not bytes), can not be NULL if ndim != 0, must
+      MUST, "dlpack.h", "DLTensor.strides", """strides of the tensor (in number of elements, not bytes), can not be NULL if ndim != 0, must
       points to an array of ndim elements that specifies the strides, so consumer can always rely on strides[dim]
       being valid for 0 <= dim < ndim. ... Before DLPack v1.2, strides can be NULL to indicate contiguous data. This
       is not allowed in DLPack v1.2 and later.""")
@@ -66,8 +69,9 @@ def strides(target):
     return "; ".join(sorted(set(notes)))
 
 
-@rule("producer.shape", "shape is never NULL for ndim > 0, and matches the array", "dlpack.h",
-      "The shape of the tensor When ndim == 0, shape can be set to NULL.")
+@rule("producer.shape", "shape is never NULL for ndim > 0, and matches the array", MUST, "dlpack.h",
+      "DLTensor.shape", """The shape of the tensor When ndim == 0, shape can be set to NULL. [checker's note: only
+      then; a shape that is not the array's describes another array]""")
 def shape(target):
     for kind in ("plain", "zero-size", "0-d"):
         sample, found = _exports(target, kind)

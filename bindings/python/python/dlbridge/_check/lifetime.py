@@ -1,14 +1,15 @@
 """Producer rules on a capsule's lifetime: dropped unused it frees its tensor, used it does not, and its
-destructor leaves an exception in flight alone. A broken producer can crash here (double frees, a
-destructor that runs Python code with an exception set), which is why rules run in child processes."""
+destructor leaves an exception in flight alone. Each needs a DLPack capsule to judge: anything else a
+__dlpack__ returns breaks the rule. A broken producer can crash here (double frees, a destructor that
+runs Python code with an exception set), which is why rules run in child processes."""
 
 import ctypes
 import gc
 import sys
 
 from . import abi
-from .producer import call
-from .rules import Violation, expect, rule
+from .producer import call, export
+from .rules import MUST, Violation, expect, rule
 
 PY_DELETER = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)  # a consumer frees its array with the GIL held
 
@@ -27,7 +28,7 @@ def _requests(sample):
 
 
 @rule("producer.drop-frees", "a capsule dropped unconsumed frees its tensor: the array's refcount returns",
-      "python-spec", """The producer must set the PyCapsule name to "dltensor" so that it can be inspected by name,
+      MUST, "python-spec", "Implementation", """The producer must set the PyCapsule name to "dltensor" so that it can be inspected by name,
       and set PyCapsule_Destructor that calls the deleter of the DLManagedTensor when the "dltensor"-named capsule is
       no longer needed.""")
 def drop_frees(target):
@@ -38,7 +39,7 @@ def drop_frees(target):
     held = False
     for kw in requests:
         for _ in range(3):
-            capsule = call(obj, **kw)
+            capsule = export(obj, **kw)[0]
             held |= sys.getrefcount(obj) > base
             del capsule
     gc.collect()
@@ -49,15 +50,14 @@ def drop_frees(target):
 
 
 @rule("producer.consumed-not-freed", "a consumed (renamed) capsule does not free its tensor; its deleter does",
-      "python-spec", """renaming the capsule to "used_dltensor" to ensure that PyCapsule_Destructor will not get
+      MUST, "python-spec", "Implementation", """renaming the capsule to "used_dltensor" to ensure that PyCapsule_Destructor will not get
       called (ensured if PyCapsule_Destructor calls deleter only for capsules whose name is "dltensor")""")
 def consumed_not_freed(target):
     sample = target.producer.sample("plain")
     obj = sample.obj
     base = sys.getrefcount(obj)
     for kw in _requests(sample) or [{"max_version": (1, 3)}]:
-        capsule = call(obj, **kw)
-        s = abi.snapshot(capsule)
+        capsule, s = export(obj, **kw)
         during = sys.getrefcount(obj)
         # As a consumer would: take the tensor, rename the capsule, drop it. Our own deleter goes in
         # the struct, so a destructor that ignores the name is seen calling it.
@@ -92,7 +92,7 @@ def _drop_while_raising(obj, kw):
 
 
 @rule("producer.destructor-keeps-exception", "a capsule freed while an exception is in flight leaves it intact",
-      "python-spec", """/* an exception may be in-flight, we must save it in case we create another one */
+      MUST, "python-spec", "Implementation (the capsule destructor)", """/* an exception may be in-flight, we must save it in case we create another one */
       PyObject *type, *value, *traceback; PyErr_Fetch(&type, &value, &traceback); ... PyErr_Restore(type, value,
       traceback);""")
 def destructor_keeps_exception(target):
@@ -101,6 +101,7 @@ def destructor_keeps_exception(target):
     previous, sys.unraisablehook = sys.unraisablehook, unraisable.append
     try:
         for kw in _requests(sample) or [{"max_version": (1, 3)}]:
+            export(sample.obj, **kw)  # a DLPack capsule (Violation otherwise), with a destructor to judge
             try:
                 exc = _drop_while_raising(sample.obj, kw)
             except BaseException as other:  # noqa: B902 - whatever replaced the ZeroDivisionError

@@ -1,27 +1,45 @@
-"""What a rule is, where its sentence comes from, and how one is run.
+"""What a rule is, where its sentence comes from, how strong that sentence is, and how a rule is run.
 
-A rule's probe takes a target (targets.py) and returns a detail string (pass), raises NotApplicable
-(not applicable, with why) or Violation (fail, with what happened). Any other exception from the
-library under test is a failure too, reported as it was raised.
+A rule's probe takes a target (targets.py) and returns a detail string (pass), raises Permitted (a
+variant the sentence allows: pass, noted), NotApplicable (with why) or Violation (what happened).
+Any other exception from the library under test is a violation too, reported as it was raised.
 
-A rule's quote is the specification's text, verbatim ("..." where it skips); text in [brackets] is the
-checker's note, saying what the rule infers where the sentence is not explicit."""
+A violation's verdict is the strength of the sentence the rule quotes: MUST fails, SHOULD warns,
+and MAY passes with a note. A rule's quote is the specification's text, verbatim ("..." where it
+skips); text in [brackets] is the checker's note, saying what the rule infers where the sentence is
+not explicit, and why the level is what it is where the sentence has no "must", "should" or "may"."""
 
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 from .._report.libs import first_line
 
-# The documents rules cite, by the short name a row shows. Files under shared/spec/ hold the texts.
+
+@dataclass(frozen=True)
+class Source:
+    name: str  # the document's public name
+    url: str
+
+
+# The documents rules cite, by the short key a rule names.
 SOURCES = {
-    "array-api": "Python array API standard, array.__dlpack__ (v2023.12+; shared/spec/array-api-dlpack-method.txt)",
-    "interchange": "Python array API standard, Data interchange mechanisms (shared/spec/data-interchange.md)",
-    "python-spec": "DLPack Python specification, 2022 (shared/spec/dlpack-python-spec-2022.rst)",
-    "dlpack.h": "dlpack.h v1.3, the DLPack C header (dmlc/dlpack)",
-    "exchange": "DLPack 1.3 C exchange API (dlpack.h v1.3 and python_spec, dmlc/dlpack PR #180; "
-                "array API draft, array.__dlpack_c_exchange_api__)",
+    "array-api": Source("Python array API standard (v2023.12 and later)",
+                        "https://data-apis.org/array-api/latest/API_specification/generated/"
+                        "array_api.array.__dlpack__.html"),
+    "interchange": Source("Python array API standard, Data interchange mechanisms",
+                          "https://data-apis.org/array-api/latest/design_topics/data_interchange.html"),
+    "python-spec": Source("DLPack Python specification",
+                          "https://dmlc.github.io/dlpack/latest/python_spec.html"),
+    "dlpack.h": Source("dlpack.h, the DLPack C header (v1.3)",
+                       "https://github.com/dmlc/dlpack/blob/main/include/dlpack/dlpack.h"),
+    "exchange": Source("dlpack.h v1.3, the C exchange API (DLPackExchangeAPI)",
+                       "https://dmlc.github.io/dlpack/latest/c_api.html"),
 }
-STATUSES = ("pass", "fail", "n/a")
+
+MUST, SHOULD, MAY = "MUST", "SHOULD", "MAY"
+LEVELS = (MUST, SHOULD, MAY)
+VERDICT = {MUST: "fail", SHOULD: "warn", MAY: "noted"}  # what a violation of each level is
+STATUSES = ("pass", "noted", "warn", "fail", "n/a")
 
 
 class NotApplicable(Exception):
@@ -30,6 +48,11 @@ class NotApplicable(Exception):
 
 class Violation(Exception):
     """The target broke the rule; the message says what happened."""
+
+
+class Permitted(Exception):
+    """The target does something other than the rule's main case, which its sentence allows: a pass,
+    with the message as the note."""
 
 
 def expect(condition, message):
@@ -41,7 +64,9 @@ def expect(condition, message):
 class Rule:
     id: str  # "producer.copy-true": role, then name
     title: str  # what must hold, one line
+    level: str  # MUST, SHOULD or MAY: the quoted sentence's strength
     source: str  # a key of SOURCES
+    section: str  # where in the source: the method, parameter, field or heading
     quote: str  # the sentence (or sentences) the rule comes from, verbatim
     probe: Callable
 
@@ -54,20 +79,26 @@ class Rule:
     def applies_to(self):
         return "consumer" if self.role == "consumer" else "producer"
 
+    def reference(self):
+        """'Name, section <url>'."""
+        s = SOURCES[self.source]
+        return f"{s.name}, {self.section} <{s.url}>"
+
     def citation(self):
-        return f'{SOURCES[self.source]}: "{self.quote}"'
+        return f'{self.level}: {self.reference()}: "{self.quote}"'
 
 
 RULES: Dict[str, Rule] = {}
 
 
-def rule(id, title, source, quote):
+def rule(id, title, level, source, section, quote):
     """Registers the decorated probe as a rule."""
 
     def register(probe):
         assert id not in RULES, id
         assert source in SOURCES, source
-        RULES[id] = Rule(id, title, source, " ".join(quote.split()), probe)
+        assert level in LEVELS, level
+        RULES[id] = Rule(id, title, level, source, section, " ".join(quote.split()), probe)
         return probe
 
     return register
@@ -83,7 +114,8 @@ class Result:
         r = RULES.get(self.rule)
         out = {"rule": self.rule, "status": self.status, "detail": self.detail}
         if r is not None:
-            out.update(title=r.title, source=SOURCES[r.source], quote=r.quote)
+            s = SOURCES[r.source]
+            out.update(title=r.title, level=r.level, source=s.name, section=r.section, url=s.url, quote=r.quote)
         return out
 
 
@@ -91,15 +123,22 @@ def describe(exc):
     return f"{type(exc).__name__}: {first_line(exc)}".rstrip(": ")
 
 
+def violated(r: Rule, detail: str) -> Result:
+    """The verdict on a violation of `r`: fail, warn or noted, as its sentence's level says."""
+    return Result(r.id, VERDICT[r.level], detail)
+
+
 def run_rule(r: Rule, target) -> Result:
     try:
         detail = r.probe(target)
     except NotApplicable as exc:
         return Result(r.id, "n/a", str(exc))
+    except Permitted as exc:
+        return Result(r.id, "noted", str(exc))
     except Violation as exc:
-        return Result(r.id, "fail", str(exc))
+        return violated(r, str(exc))
     except Exception as exc:  # the library raised where the rule expects none; Ctrl-C still stops
-        return Result(r.id, "fail", f"unexpected {describe(exc)}")
+        return violated(r, f"unexpected {describe(exc)}")
     return Result(r.id, "pass", detail or "")
 
 

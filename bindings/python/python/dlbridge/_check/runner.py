@@ -2,12 +2,11 @@
 crashes (torch aborts on some strides) is reported, not fatal. The command line isolates by default;
 dlbridge.testing runs in-process unless the target is importable by name."""
 
-import json
 import os
 import sys
 
 from . import isolate
-from .rules import Result, load_all, run_rule
+from .rules import Result, load_all, run_rule, violated
 from .targets import resolve
 
 DEFAULT_TIMEOUT = 300  # seconds per child; a child that hangs costs the rule it hung on
@@ -23,7 +22,7 @@ def run_in_process(target, rules):
     return [run_one(target, r) for r in rules]
 
 
-def run_isolated(spec, rules, role=None, ignores_readonly=False, timeout=DEFAULT_TIMEOUT):
+def run_isolated(spec, rules, role=None, ignores_readonly=None, timeout=DEFAULT_TIMEOUT):
     """Results for a target named by `spec` (what resolve() takes), each rule in a child process."""
 
     def argv(pending):
@@ -38,18 +37,19 @@ def run_isolated(spec, rules, role=None, ignores_readonly=False, timeout=DEFAULT
     for r in rules:
         rec = records[r.id]
         if "crashed" in rec:
-            out.append(Result(r.id, "fail", rec["crashed"]))
+            out.append(violated(r, rec["crashed"]))  # a crash breaks the rule it happened in
         else:
             out.append(Result(r.id, rec["status"], rec["detail"]))
     return out
 
 
 def child_main(spec, role, ignores_readonly, rule_ids):
-    """The child's side of run_isolated: one JSON line per rule, flushed before the next starts."""
+    """The child's side of run_isolated: one record per rule on the results channel, each written
+    before the next rule starts."""
     rules = load_all()
     target = resolve(spec, role, ignores_readonly)
-    print(json.dumps({"ready": True}), flush=True)
+    isolate.record({"ready": True})
     for rid in rule_ids:
         result = run_one(target, rules[rid])
-        print(json.dumps({"name": rid, "status": result.status, "detail": result.detail}), flush=True)
+        isolate.record({"name": rid, "status": result.status, "detail": result.detail})
     return 0

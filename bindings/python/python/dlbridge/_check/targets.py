@@ -83,9 +83,17 @@ class CallableProducer(Producer):
             raise NotApplicable(f"{call} made no array: {describe(exc)}") from None
 
 
+# Whether a library has read-only arrays. One without them is right to ignore READ_ONLY ("a consumer
+# that does not support read-only arrays should ignore this flag"); one with them marks its results.
+READ_ONLY_ARRAYS = {"numpy": True, "jax": True, "tensorflow": True, "dlbridge": True, "mpi4py": True,
+                    "torch": False, "cupy": False, "tvm_ffi": False}
+
+
 class Consumer:
     name = ""
-    ignores_readonly = False  # declared: results of READ_ONLY imports may be writable
+    # True: it has no read-only arrays (known, or declared with --ignores-readonly), so it may ignore
+    # READ_ONLY; False: it has them, so it marks results read-only; None: not known.
+    ignores_readonly: Optional[bool] = None
 
     def consume(self, x):
         raise NotImplementedError
@@ -95,8 +103,10 @@ class Consumer:
 
 
 class PeerConsumer(Consumer):
-    def __init__(self, peer, ignores_readonly=False):
-        self.peer, self.name, self.ignores_readonly = peer, peer.name, ignores_readonly
+    def __init__(self, peer, ignores_readonly=None):
+        self.peer, self.name = peer, peer.name
+        has = READ_ONLY_ARRAYS.get(peer.name)
+        self.ignores_readonly = ignores_readonly or (None if has is None else not has)
 
     def consume(self, x):
         return self.peer.consume(x)
@@ -106,8 +116,8 @@ class PeerConsumer(Consumer):
 
 
 class CallableConsumer(Consumer):
-    def __init__(self, from_dlpack, name, ignores_readonly=False):
-        self.from_dlpack, self.name, self.ignores_readonly = from_dlpack, name, ignores_readonly
+    def __init__(self, from_dlpack, name, ignores_readonly=None):
+        self.from_dlpack, self.name, self.ignores_readonly = from_dlpack, name, ignores_readonly or None
 
     def consume(self, x):
         return self.from_dlpack(x)
@@ -145,7 +155,7 @@ def guess_role(spec):
     return "consumer" if "from_dlpack" in spec.rpartition(":")[2].lower() else "producer"
 
 
-def resolve(spec: str, role: Optional[str] = None, ignores_readonly=False) -> Target:
+def resolve(spec: str, role: Optional[str] = None, ignores_readonly=None) -> Target:
     """The target a command-line argument names; `role` keeps only that role."""
     if ":" in spec:
         fn = _import_attr(spec)
@@ -185,7 +195,7 @@ def _module_target(name, ignores_readonly):
 
 
 def from_callables(make: Optional[Callable] = None, from_dlpack: Optional[Callable] = None, name=None,
-                   ignores_readonly=False) -> Target:
+                   ignores_readonly=None) -> Target:
     """A target from Python callables (dlbridge.testing)."""
     label = name or getattr(make or from_dlpack, "__qualname__", None) or repr(make or from_dlpack)
     return Target(label, CallableProducer(make, label) if make else None,

@@ -1,7 +1,6 @@
 """Running the cases: one cell per (producer, consumer, case), and whole columns in child processes
 for libraries that can take the process down."""
 
-import json
 import sys
 
 import dlbridge
@@ -89,8 +88,8 @@ def column_in_subprocess(producer, consumer):
 
 
 def print_cells(producer, consumer, names):
-    """The child's side of column_in_subprocess: one JSON line per case, flushed before the next."""
+    """The child's side of column_in_subprocess: one record per case on the results channel."""
     wanted = dict(CASES)
     for name in names:
         verdict = cell(PEERS[producer], PEERS[consumer], wanted[name])
-        print(json.dumps({"name": name, "cell": verdict}), flush=True)
+        isolate.record({"name": name, "cell": verdict})
