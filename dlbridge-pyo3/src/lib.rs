@@ -40,6 +40,7 @@
 //! | `import/` | taking tensors from Python: DLPack negotiation, NumPy, buffers, array interfaces |
 //! | `args.rs`, `borrows.rs` | `PyTensor`, `PyTensorMut`, and the byte-range borrows they hold |
 //! | `tensor/` | the `Tensor` class: `__dlpack__`, buffer protocol, `tolist`, `DType` |
+//! | `ready.rs`, `moves.rs`, `gil.rs` | CUDA: where a tensor's data is ready; moves between host and device; driver calls without the GIL |
 //! | `exchange/` | the C exchange API: our table, and using other types' tables |
 //! | `capsule.rs`, `owner.rs` | capsule lifecycle; Python references a deleter may drop anywhere |
 //! | `writability.rs` | the one rule for read-only, writable and unknown |
@@ -63,8 +64,11 @@ mod convert;
 mod errors;
 pub mod exchange;
 mod functions;
+mod gil;
 pub mod import;
+mod moves;
 pub mod owner;
+mod ready;
 mod tensor;
 #[cfg(feature = "testing")]
 mod testing;
@@ -84,6 +88,7 @@ use pyo3::prelude::*;
 
 /// Adds the classes and functions of the `dlbridge` Python package to `module`.
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    gil::release_in_driver_calls();
     module.add_class::<Tensor>()?;
     module.add_class::<DType>()?;
     module.add_function(wrap_pyfunction!(functions::py_from_dlpack, module)?)?;
