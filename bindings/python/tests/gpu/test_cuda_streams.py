@@ -140,8 +140,7 @@ def test_our_no_sync_exports_leave_data_ready_on_the_stream_our_table_reports(gp
     assert busy and elapsed < FAST, "the no_sync export synchronised on the host"
 
 
-def test_tvm_ffi_takes_our_cuda_tensor_zero_copy(streams, x):
-    tvm_ffi = pytest.importorskip("tvm_ffi")
+def test_tvm_ffi_takes_our_cuda_tensor_zero_copy(streams, x, tvm_ffi):
     _, B, _ = streams
     x.fill_(VALUE)
     t = dlbridge.from_dlpack(x, stream=stream_handle(B))
