@@ -32,6 +32,7 @@ pub(crate) fn can_move(from: Device, wanted: Device) -> bool {
 /// for host copies (complete when this returns), the legacy default stream
 /// for a copy to a device, whose DMA from pageable memory may still run.
 pub(crate) fn copy_to<M: ManagedAbi>(view: &dlbridge::TensorView<'_>, ready: Option<i64>, wanted: Device) -> PyResult<(Owned<M>, Option<i64>)> {
+    crate::gil::release_in_driver_calls();
     let from = view.device();
     if !can_move(from, wanted) {
         return Err(PyBufferError::new_err(format!("cannot move a tensor from {from} to {wanted}")));

@@ -12,12 +12,13 @@
 
 use core::ffi::c_uint;
 
-use super::{capturing, check, host_side, in_context, stream_handle, Api, Handle};
+use super::{capturing, check, host_side, in_context, stream_handle, Api, CuResult, Handle};
 use crate::error::Error;
 use crate::streams::SyncPlan;
 use crate::Device;
 
 const CU_EVENT_DISABLE_TIMING: c_uint = 2;
+const CUDA_ERROR_CAPTURED_EVENT: CuResult = 907;
 
 /// An event of the current context, destroyed when dropped (the driver
 /// releases it once the waits queued on it complete).
@@ -49,22 +50,33 @@ impl Drop for Event<'_> {
     }
 }
 
+/// Work recorded in a capture exists only in its graph: while the capture
+/// runs, nothing outside it can wait for that work (a clear error); once it
+/// has ended, the graph's launches are ordered by whoever launches them, and
+/// dlbridge has nothing to wait for.
+fn outside_a_running_capture(api: &Api, event: Handle, waiter: &str) -> Result<(), Error> {
+    // SAFETY: a query of an event of the current context.
+    match host_side(api, || unsafe { (api.event_query)(event) }) {
+        CUDA_ERROR_CAPTURED_EVENT => Err(Error::StreamCapture {
+            reason: format!(
+                "the data is written inside a CUDA graph being captured, and {waiter} is outside that capture; \
+                 pass the capturing stream (stream=), or use the data after the graph has run"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Makes `consumer` wait for `event` (recorded in a capture when `captured`):
 /// on the GPU, or, for a capturing consumer and an event recorded outside its
-/// capture, by the host. A consumer outside any capture cannot wait for work
-/// that exists only in a graph being captured: a clear error.
+/// capture, by the host (see [`outside_a_running_capture`] for the other way).
 ///
 /// # Safety
 /// `consumer` is 1, 2 or a live stream of the current context.
 unsafe fn hand_over(api: &Api, event: Handle, captured: bool, consumer: i64) -> Result<(), Error> {
     let consumer_capturing = capturing(api, consumer)?;
     match (captured, consumer_capturing) {
-        (true, false) => Err(Error::StreamCapture {
-            reason: format!(
-                "the data is written inside a CUDA graph being captured, and stream {consumer} is outside that capture; \
-                 pass the capturing stream (stream=), or use the data after the graph has run"
-            ),
-        }),
+        (true, false) => outside_a_running_capture(api, event, &format!("stream {consumer}")),
         (false, true) => {
             // SAFETY: an event of the current context, recorded outside any capture.
             host_side(api, || check("cuEventSynchronize", unsafe { (api.event_synchronize)(event) }))
@@ -171,14 +183,13 @@ impl ReadyEvent {
 
     /// Blocks the host until the recorded work is done.
     pub fn wait_on_host(&self) -> Result<(), Error> {
-        if self.captured {
-            return Err(Error::StreamCapture {
-                reason: "the host cannot wait for work recorded in a CUDA graph capture: it runs only with the graph".into(),
-            });
-        }
         in_context(self.device_id, |api| {
+            let event = core::ptr::without_provenance_mut(self.handle);
+            if self.captured {
+                return outside_a_running_capture(api, event, "the host");
+            }
             // SAFETY: this event, of the current context.
-            host_side(api, || check("cuEventSynchronize", unsafe { (api.event_synchronize)(core::ptr::without_provenance_mut(self.handle)) }))
+            host_side(api, || check("cuEventSynchronize", unsafe { (api.event_synchronize)(event) }))
         })
     }
 }

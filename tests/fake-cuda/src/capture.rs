@@ -5,7 +5,9 @@
 //! used while a blocking stream of its context captures; and "potentially
 //! unsafe" calls (allocations, frees, synchronisations, queries) invalidate a
 //! capture whose mode forbids them, unless the calling thread's own capture
-//! mode is relaxed (`cuThreadExchangeStreamCaptureMode`).
+//! mode is relaxed (`cuThreadExchangeStreamCaptureMode`). An event recorded in
+//! a capture cannot be queried or waited for from outside while the capture
+//! runs; once it has ended, it counts as never recorded.
 
 use std::cell::Cell;
 
@@ -135,8 +137,9 @@ impl State {
 
     /// `cuStreamWaitEvent` under the capture rules.
     pub(crate) fn wait_event(&mut self, key: StreamKey, event: i64, flags: u32) -> Result<(), CuResult> {
+        // An event recorded in a capture that has ended was never recorded on a stream.
         let (record, captured) = match self.events.get(&event) {
-            Some(e) => (e.record, e.captured),
+            Some(e) => (e.record, e.captured.filter(|id| self.captures.contains_key(id))),
             None => return Err(INVALID_HANDLE),
         };
         let waiting = self.queue(key).capture;

@@ -254,7 +254,7 @@ pub extern "C" fn cuEventSynchronize(event: i64) -> CuResult {
             s.check_unsafe_call()?;
             match s.events.get(&event) {
                 None => Err(INVALID_HANDLE),
-                Some(e) if e.captured.is_some() => Err(CAPTURED_EVENT),
+                Some(e) if e.captured.is_some_and(|id| s.captures.contains_key(&id)) => Err(CAPTURED_EVENT),
                 Some(e) => Ok(e.record),
             }
         })?;
@@ -275,7 +275,7 @@ pub extern "C" fn cuEventQuery(event: i64) -> CuResult {
         with_state(|s| {
             s.check_unsafe_call()?;
             let e = s.events.get(&event).ok_or(INVALID_HANDLE)?;
-            if e.captured.is_some() {
+            if e.captured.is_some_and(|id| s.captures.contains_key(&id)) {
                 return Err(CAPTURED_EVENT);
             }
             match e.record {

@@ -57,7 +57,8 @@ def test_data_ready_outside_is_waited_for_by_the_host_and_the_graph_replays(driv
 def test_work_inside_the_capture_stays_inside(driver, capture):
     """A tensor taken inside the capture from the capturing stream (torch's current stream) is
     ready on it; consumers inside the capture wait as usual, and a copy becomes part of the graph.
-    A stream outside the capture cannot wait for work that only the graph will do: a clear error."""
+    While the capture runs, a stream outside it cannot wait for work that only the graph will do:
+    a clear error. Afterwards the graph's launches are ordered by whoever launches them."""
     C = capture()
     a = driver.device_array(4)
     driver.fill(C, a.ctypes.data, 4, 5.0)  # captured: runs with the graph
@@ -76,6 +77,9 @@ def test_work_inside_the_capture_stays_inside(driver, capture):
     assert driver.launch_graph(graph, D) == 0
     driver.run(D)
     assert driver.peek(c.data_ptr, 4) == [5.0] * 4, "the copy replayed after the fill"
+    # Once the capture has ended, the graph's launches are ordered by whoever launches them.
+    assert dlbridge.from_dlpack(c, device="cpu").tolist() == [5.0] * 4
+    t.__dlpack__(stream=D, max_version=(1, 3))
 
 
 def test_no_legacy_default_for_data_written_inside_a_capture(driver, capture):

@@ -45,7 +45,8 @@ def test_dlpack_on_device_one(two_gpus):
     s = torch.cuda.Stream(device=1)
     with torch.cuda.device(0):
         t = dlbridge.from_dlpack(x, stream=stream_handle(s))
-        assert t.device == (CUDA, 1) and t.__cuda_array_interface__["stream"] == stream_handle(s)
+        # s is kept as an event; the interface names the legacy stream, made to wait for it.
+        assert t.device == (CUDA, 1) and t.__cuda_array_interface__["stream"] == 1
         y = torch.from_dlpack(t)
     assert y.device == torch.device("cuda", 1) and y.data_ptr() == x.data_ptr()
 

@@ -51,7 +51,7 @@ def test_a_copy_inside_a_capture_is_part_of_the_graph():
     torch.cuda.synchronize()
     for k in (1, 2):
         g.replay()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize()  # the graph's launches are ordered by whoever launches them
         assert torch.all(torch.from_dlpack(c) == k).item(), f"replay {k}: the copy did not follow the add"
 
 
