@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import dlbridge
+from dlpack_ctypes import READ_ONLY
 from fake_cuda import StreamProducer
 from producers import DunderProducer, ready_stream, table_producer
 
@@ -146,6 +147,14 @@ def test_host_memory_of_cuda_asked_for_on_the_cpu_is_labelled_cpu(driver, device
     assert x.calls[-1].get("dl_device") is None, "dlbridge reaches it itself; the producer is not asked to"
     t = dlbridge.from_dlpack(x)
     assert dlbridge.from_dlpack(t, device="cpu").data_ptr == t.data_ptr
+
+    def read_only():
+        fake = driver.device_fake([1.0, 2.0], (2,), device=device)
+        fake.managed.flags = READ_ONLY
+        return fake
+
+    ro = dlbridge.from_dlpack(DunderProducer(device=device, make=read_only), device="cpu")
+    assert ro.device == (1, 0) and ro.readonly, "the relabelled tensor keeps the producer's READ_ONLY"
 
 
 def test_host_copies_are_made_on_the_consumers_stream(driver):
