@@ -1,7 +1,6 @@
-//! Copies with the driver: fresh device memory and page-locked host memory
-//! (each freed by its owner's `Drop`, in the right context), and the copies
-//! between them and ordinary host memory. Each copy is queued on the stream
-//! the source's data is ready on.
+//! Copies with the driver, into fresh device memory, page-locked host memory
+//! (see `buffers.rs`) or ordinary host memory. Each copy is queued on the
+//! stream the source's data is ready on.
 //!
 //! A copy moves the source's byte extent when that is compact (one copy, the
 //! layout kept); a thin view is gathered element by element instead
@@ -9,8 +8,8 @@
 //! share memory (a broadcast is made contiguous), since copies are writable.
 
 use core::ffi::{c_uint, c_void};
-use core::ptr::NonNull;
 
+use super::buffers::{DeviceBuffer, Memcpy2D, PinnedBuffer};
 use super::gather::{self, Gather};
 use super::{awake_device, capturing, check, host_side, in_context, queue_on, stream_handle, wait_on_host, DevicePtr};
 use crate::error::Error;
@@ -20,101 +19,10 @@ use crate::owned::{ManagedAbi, Owned};
 use crate::view::TensorView;
 use crate::{Device, DeviceType};
 
-/// `CU_MEM_ATTACH_GLOBAL`: managed memory any stream may reach.
-const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
 const CU_MEMORYTYPE_HOST: c_uint = 1;
 const CU_MEMORYTYPE_DEVICE: c_uint = 2;
 /// A gather of more 2-D copies than this copies the byte extent instead.
 const MAX_GATHER_COPIES: usize = 1024;
-
-/// `CUDA_MEMCPY2D`.
-#[repr(C)]
-pub(super) struct Memcpy2D {
-    src_x_in_bytes: usize,
-    src_y: usize,
-    src_memory_type: c_uint,
-    src_host: *const c_void,
-    src_device: DevicePtr,
-    src_array: *mut c_void,
-    src_pitch: usize,
-    dst_x_in_bytes: usize,
-    dst_y: usize,
-    dst_memory_type: c_uint,
-    dst_host: *mut c_void,
-    dst_device: DevicePtr,
-    dst_array: *mut c_void,
-    dst_pitch: usize,
-    width_in_bytes: usize,
-    height: usize,
-}
-
-/// Device memory from `cuMemAlloc`, freed in its device's context.
-struct DeviceBuffer {
-    ptr: DevicePtr,
-    device_id: i32,
-}
-
-impl DeviceBuffer {
-    fn new(device_id: i32, len: usize) -> Result<Self, Error> {
-        in_context(device_id, |api| {
-            let mut ptr = 0;
-            // SAFETY: an allocation with a writable out pointer.
-            host_side(api, || check("cuMemAlloc", unsafe { (api.mem_alloc)(&mut ptr, len.max(1)) }))?;
-            Ok(DeviceBuffer { ptr, device_id })
-        })
-    }
-
-    /// Managed memory (`cuMemAllocManaged`), readable and writable from the
-    /// host as from the device; freed by `cuMemFree` as well.
-    fn new_managed(device_id: i32, len: usize) -> Result<Self, Error> {
-        in_context(device_id, |api| {
-            let mut ptr = 0;
-            // SAFETY: an allocation with a writable out pointer.
-            host_side(api, || check("cuMemAllocManaged", unsafe { (api.mem_alloc_managed)(&mut ptr, len.max(1), CU_MEM_ATTACH_GLOBAL) }))?;
-            Ok(DeviceBuffer { ptr, device_id })
-        })
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        let ptr = self.ptr;
-        // SAFETY: allocated by `new` on this device, freed once (the driver
-        // waits for the device's work first: a blocking call).
-        let _ = in_context(self.device_id, |api| host_side(api, || check("cuMemFree", unsafe { (api.mem_free)(ptr) })));
-    }
-}
-
-/// Page-locked host memory from `cuMemAllocHost`, which copies at full link
-/// speed; allocated and freed with a device's context current, as the driver
-/// requires.
-struct PinnedBuffer {
-    ptr: NonNull<u8>,
-    device_id: i32,
-}
-
-// SAFETY: plain host memory owned by this value alone.
-unsafe impl Send for PinnedBuffer {}
-
-impl PinnedBuffer {
-    fn new(device_id: i32, len: usize) -> Result<Self, Error> {
-        in_context(device_id, |api| {
-            let mut ptr = core::ptr::null_mut();
-            // SAFETY: an allocation with a writable out pointer.
-            host_side(api, || check("cuMemAllocHost", unsafe { (api.mem_alloc_host)(&mut ptr, len.max(1)) }))?;
-            let ptr = NonNull::new(ptr.cast()).ok_or(Error::AllocationFailed { bytes: len })?;
-            Ok(PinnedBuffer { ptr, device_id })
-        })
-    }
-}
-
-impl Drop for PinnedBuffer {
-    fn drop(&mut self) {
-        let ptr = self.ptr.as_ptr().cast();
-        // SAFETY: allocated by `new`, freed once.
-        let _ = in_context(self.device_id, |api| host_side(api, || check("cuMemFreeHost", unsafe { (api.mem_free_host)(ptr) })));
-    }
-}
 
 /// The byte extent of a view: its lowest byte and length, and element 0's offset in it.
 fn extent(view: &TensorView<'_>) -> (usize, usize, usize) {

@@ -23,10 +23,12 @@
 //! |---|---|
 //! | `mod.rs` | loading the driver, contexts, blocking calls, capture status |
 //! | `handoff.rs` | ordering a consumer's stream after the data's, and events dlbridge keeps |
-//! | `copies.rs` | device and pinned buffers; copies to the host, to a device, on a device |
+//! | `buffers.rs` | device, managed and pinned memory the driver allocates for copies |
+//! | `copies.rs` | copies to the host, to a device, on a device |
 //! | `gather.rs` | planning copies of a strided view's elements alone (2-D copies) |
 //! | `pointers.rs` | which device, and which kind of memory, a pointer is |
 
+mod buffers;
 mod copies;
 mod gather;
 mod handoff;
@@ -83,7 +85,7 @@ struct Api {
     memcpy_dtoh_async: unsafe extern "C" fn(*mut c_void, DevicePtr, usize, Handle) -> CuResult,
     memcpy_htod: unsafe extern "C" fn(DevicePtr, *const c_void, usize) -> CuResult,
     memcpy_dtod_async: unsafe extern "C" fn(DevicePtr, DevicePtr, usize, Handle) -> CuResult,
-    memcpy_2d_async: unsafe extern "C" fn(*const copies::Memcpy2D, Handle) -> CuResult,
+    memcpy_2d_async: unsafe extern "C" fn(*const buffers::Memcpy2D, Handle) -> CuResult,
 }
 
 fn check(call: &'static str, code: CuResult) -> Result<(), Error> {
