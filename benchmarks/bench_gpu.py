@@ -3,7 +3,7 @@
     python benchmarks/bench_gpu.py [--json FILE] [--quick] [--mib 256]
     (on a GPU machine: scripts/gpu-test.sh run, which runs this after the GPU tests)
 
-Three parts, each with its contenders interleaved within every round and each contender's best
+Five parts, each with its contenders interleaved within every round and each contender's best
 round kept, so that drift (clocks, another process) hits them alike:
 
 1. device -> host copy of a 256 MiB float32 tensor: `dlbridge.from_dlpack(x, device="cpu")` against
@@ -11,8 +11,13 @@ round kept, so that drift (clocks, another process) hits them alike:
 2. device -> pinned host memory: `dlbridge.from_dlpack(x, device=(3, 0))` (allocation included)
    against the link, measured as a copy into pinned memory allocated once beforehand, in GB/s;
    torch's `empty(pin_memory=True).copy_(x)` (its caching host allocator) is shown beside them;
-3. per-call time of `dlbridge.from_dlpack(x)` on a small CUDA torch tensor against
-   `tvm_ffi.from_dlpack(x)` (left out if tvm_ffi is missing) and `cupy.from_dlpack(x)`.
+3. host -> device from pageable memory: `dlbridge.from_dlpack(a, device=(2, 0))` against
+   `torch.from_numpy(a).cuda()` (target >= 0.9x);
+4. per-call time of `dlbridge.from_dlpack(x)` on a small CUDA torch tensor against
+   `tvm_ffi.from_dlpack(x)` (left out if tvm_ffi is missing) and `cupy.from_dlpack(x)`;
+5. per-call cost of a stream hand-off (an event recorded on the producer's stream and waited for by
+   the consumer's): `dlbridge.from_dlpack(x, stream=B)` with torch's current stream A, and a
+   dlbridge tensor's `__dlpack__(stream=C)`, against torch's own `x.__dlpack__(stream=B)`.
 
 A contender that raises is reported with its error and left out of its row. Absolute times depend
 on the machine; the ratios within one run are what matter.
@@ -124,6 +129,43 @@ def device_to_pinned(x, rounds):
     ROWS.append(row)
 
 
+def host_to_device(nbytes, rounds):
+    a = np.random.default_rng(0).standard_normal(nbytes // 4, dtype=np.float32)
+    ours = "dlbridge.from_dlpack(a, device=(2, 0))"
+    contenders = {ours: lambda: dlbridge.from_dlpack(a, device=(2, 0)), "torch.from_numpy(a).cuda()": lambda: torch.from_numpy(a).cuda()}
+    times, errors = best_seconds(contenders, rounds)
+    print(f"\n3. host -> device, {nbytes / 2**20:.0f} MiB (pageable host memory), best of {rounds}")
+    for label, seconds in times.items():
+        print(f"    {label:<44} {seconds * 1e3:8.2f} ms  {nbytes / seconds / GB:6.2f} GB/s", flush=True)
+    report_errors(errors)
+    row = {"part": "host_to_device", "bytes": nbytes, "seconds": times, "errors": errors, "target": ">= 0.9"}
+    if ours in times:
+        row["speed_ratio_to_torch"] = round(times["torch.from_numpy(a).cuda()"] / times[ours], 3)
+        ok = "meets" if row["speed_ratio_to_torch"] >= 0.9 else "MISSES"
+        print(f"    dlbridge at {row['speed_ratio_to_torch']:.2f}x the speed of .cuda() ({ok} the 0.9x target)")
+    ROWS.append(row)
+
+
+def hand_off(number, rounds):
+    x = torch.ones((4, 4), device="cuda")
+    A, B, C = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    b, c = B.cuda_stream, C.cuda_stream
+    t = dlbridge.from_dlpack(x, stream=b)
+    contenders = {
+        "dlbridge.from_dlpack(x, stream=B)": lambda: dlbridge.from_dlpack(x, stream=b),
+        "dlbridge tensor.__dlpack__(stream=C)": lambda: t.__dlpack__(stream=c),
+        "torch x.__dlpack__(stream=B)": lambda: x.__dlpack__(stream=b),
+    }
+    with torch.cuda.stream(A):  # torch's current stream, so that every call needs an event
+        times, errors = best_ns_per_call(contenders, number, rounds)
+    torch.cuda.synchronize()
+    print(f"\n5. per stream hand-off (event record + wait), a (4, 4) float32 tensor, best of {rounds} x {number:,}")
+    for label, ns in times.items():
+        print(f"    {label:<44} {ns:10,.0f} ns", flush=True)
+    report_errors(errors)
+    ROWS.append({"part": "hand_off", "ns": times, "errors": errors})
+
+
 def per_call(number, rounds):
     x = torch.ones((4, 4), device="cuda")
     ours = "dlbridge.from_dlpack(x)"
@@ -142,7 +184,7 @@ def per_call(number, rounds):
     except ImportError:
         missing.append("cupy")
     times, errors = best_ns_per_call(contenders, number, rounds)
-    print(f"\n3. per call, a (4, 4) float32 CUDA torch tensor, best of {rounds} x {number:,}")
+    print(f"\n4. per call, a (4, 4) float32 CUDA torch tensor, best of {rounds} x {number:,}")
     for label, ns in times.items():
         ratio = "" if label == ours or ours not in times else f"  (dlbridge {times[ours] / ns:.2f}x)"
         print(f"    {label:<44} {ns:10,.0f} ns{ratio}", flush=True)
@@ -202,7 +244,10 @@ def main():
     device_to_pinned(x, rounds)
     del x
     torch.cuda.empty_cache()
+    host_to_device(args.mib * 2**20, rounds)
+    torch.cuda.empty_cache()
     per_call(number, rounds)
+    hand_off(number // 4, rounds)
 
     if args.json:
         with open(args.json, "w") as f:

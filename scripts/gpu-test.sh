@@ -11,15 +11,24 @@
 #
 #   bash scripts/gpu-test.sh run
 #
-# It makes a venv in /tmp with --system-site-packages (so the machine's torch, CuPy, JAX, numba-cuda
-# and mpi4py are seen), installs the dlbridge wheel there with `pip install --no-deps`, installs
-# pytest (and tvm-ffi, for the benchmark) from dist-gpu/extras only if the machine lacks them, then runs
-# `python -m pytest -q -rs bindings/python/tests/gpu` and `python benchmarks/bench_gpu.py`. No network is
-# needed there. Where $OUT is set (the project's lent-GPU tool), the benchmark's JSON and pytest's
-# JUnit XML are written into it. Exit status: non-zero if the tests or the benchmark failed.
+# It uses that machine's own `python3` and its packages as they are: on the lent GPU machines python3
+# is itself a venv holding torch, CuPy, JAX, numba-cuda and NumPy, and a venv made from it would see
+# none of them, so none is made. It fails at once, before any test, when torch with a CUDA device,
+# CuPy or NumPy is missing. It installs the dlbridge wheel with `pip install --no-deps --target` into
+# a scratch folder (pytest and tvm-ffi there too, from dist-gpu/extras, if the machine lacks them),
+# checks that this is the dlbridge Python imports, and runs `python3 -m pytest bindings/python/tests/gpu`
+# with that folder first on PYTHONPATH and DLBRIDGE_REQUIRE_GPU=1, under which any skip fails the run
+# (the JUnit XML is checked for skips too); then `benchmarks/bench_gpu.py`. No network is needed
+# there. Results go to $OUT (the lent-GPU tool's folder), else gpu-results/: gpu-tests.xml (JUnit)
+# and bench_gpu.json. Exit status: non-zero if anything is missing, any test failed or was skipped,
+# or the benchmark failed. The checks themselves are scripts/gpu-check.py.
 #
 # With the lent-GPU tool: build here, then run `bash scripts/gpu-test.sh run` with carry ["dist-gpu"]
 # (dist-gpu/ is git-ignored, so it travels only when carried).
+#
+# CI runs `run` too (bindings/python/tests/test_fake_driver.py), on a machine with no GPU: with the
+# fake driver as libcuda.so.1 and stand-ins for torch and CuPy, against another suite and benchmark
+# (DLBRIDGE_GPU_SUITE, DLBRIDGE_GPU_BENCH and DLBRIDGE_GPU_WHEELS exist for that test only).
 #
 # How a cp312 wheel is built without a Python 3.12 interpreter here: `maturin build --target
 # x86_64-unknown-linux-gnu --interpreter python3.12`. With an explicit --target maturin treats the
@@ -88,56 +97,47 @@ build() {
 
 run() {
     local wheels_dir="${DLBRIDGE_GPU_WHEELS:-dist-gpu}"
-    local py="${PYTHON:-python3}"
-    local venv="${DLBRIDGE_GPU_VENV:-/tmp/dlbridge-gpu-venv}"
+    local suite="${DLBRIDGE_GPU_SUITE:-bindings/python/tests/gpu}"
+    local bench="${DLBRIDGE_GPU_BENCH:-benchmarks/bench_gpu.py}"
+    local py=python3  # this machine's own interpreter: never a venv made from it
     [[ -f bindings/python/tests/gpu/conftest.py ]] || die "run this from the repository root"
     shopt -s nullglob
-    local wheels=("$wheels_dir"/dlbridge-*-cp312-*.whl)
+    local wheels=("$wheels_dir"/dlbridge-*.whl)
     shopt -u nullglob
-    [[ ${#wheels[@]} -eq 1 ]] || die "expected one dlbridge cp312 wheel in $wheels_dir/ (build it with scripts/gpu-test.sh build), found ${#wheels[@]}"
+    [[ ${#wheels[@]} -eq 1 ]] || die "expected one dlbridge wheel in $wheels_dir/ (build it with scripts/gpu-test.sh build), found ${#wheels[@]}"
+    local out="${OUT:-$PWD/gpu-results}"
+    mkdir -p "$out"
 
-    log "$("$py" --version 2>&1) at $(command -v "$py"); glibc $(ldd --version 2>/dev/null | head -1 | awk '{print $NF}')"
-    command -v nvidia-smi >/dev/null && nvidia-smi -L || true
-    log "venv with the system's site-packages in $venv"
-    "$py" -m venv --clear --system-site-packages --without-pip "$venv"
-    local vpy="$venv/bin/python"
-    if ! "$vpy" -m pip --version >/dev/null 2>&1; then
-        "$vpy" -m ensurepip --default-pip >/dev/null
-    fi
-    export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INDEX=1
-    log "pip install --no-deps --force-reinstall ${wheels[0]}"
-    "$vpy" -m pip install --quiet --no-deps --force-reinstall "${wheels[0]}" \
+    log "$("$py" --version 2>&1) at $(command -v "$py") (sys.prefix $("$py" -c 'import sys; print(sys.prefix)')); glibc $(ldd --version 2>/dev/null | head -1 | awk '{print $NF}')"
+    if command -v nvidia-smi >/dev/null; then nvidia-smi -L || true; fi
+    log "checking for torch with a CUDA device, CuPy and NumPy"
+    "$py" "$ROOT/scripts/gpu-check.py" requirements || die "the GPU suite cannot run on this machine (see above): nothing was tested"
+
+    local site
+    site="$(mktemp -d "${TMPDIR:-/tmp}/dlbridge-gpu-site.XXXXXX")"
+    export PIP_DISABLE_PIP_VERSION_CHECK=1
+    log "pip install --no-deps --target $site $(basename "${wheels[0]}")"
+    "$py" -m pip install --quiet --no-deps --no-index --target "$site" "${wheels[0]}" \
         || die "pip refused the wheel: the GPU machine needs CPython 3.12 on x86_64 with a glibc at least as new as the wheel's manylinux tag"
     local module package
     for module in pytest:pytest tvm_ffi:apache-tvm-ffi; do
         package="${module#*:}"; module="${module%%:*}"
-        if ! "$vpy" -c "import $module" >/dev/null 2>&1 && [[ -d "$wheels_dir/extras" ]]; then
-            log "installing $package from $wheels_dir/extras"
-            "$vpy" -m pip install --quiet --find-links "$wheels_dir/extras" "$package" \
+        if ! "$py" -c "import $module" >/dev/null 2>&1 && [[ -d "$wheels_dir/extras" ]]; then
+            log "installing $package from $wheels_dir/extras into $site"
+            "$py" -m pip install --quiet --no-index --find-links "$wheels_dir/extras" --target "$site" "$package" \
                 || log "could not install $package from $wheels_dir/extras"
         fi
     done
-    "$vpy" - <<'EOF'
-import importlib, dlbridge
-print(f"dlbridge {dlbridge.__version__} from {dlbridge.__file__}")
-for name in ("torch", "cupy", "jax", "numba", "mpi4py", "tvm_ffi", "pytest"):
-    try:
-        m = importlib.import_module(name)
-        print(f"  {name} {getattr(m, '__version__', '?')}")
-    except Exception as e:
-        print(f"  {name}: not available ({type(e).__name__}: {e})")
-EOF
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" DLBRIDGE_REQUIRE_GPU=1
+    "$py" "$ROOT/scripts/gpu-check.py" installed "$site" || die "Python does not import the dlbridge just installed"
 
-    local status=0 junit=() json=()
-    if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
-        junit=(--junitxml "$OUT/gpu-tests.xml")
-        json=(--json "$OUT/bench_gpu.json")
-    fi
-    log "python -m pytest -q -rs bindings/python/tests/gpu $*"
-    "$vpy" -m pytest -q -rs -p no:cacheprovider "${junit[@]}" bindings/python/tests/gpu "$@" || status=1
-    log "python benchmarks/bench_gpu.py"
-    "$vpy" benchmarks/bench_gpu.py "${json[@]}" || status=1
-    if [[ $status -ne 0 ]]; then log "FAILED (see above)"; else log "GPU tests and benchmark passed"; fi
+    local status=0
+    log "python3 -m pytest $suite $* (DLBRIDGE_REQUIRE_GPU=1: a skip is a failure)"
+    "$py" -m pytest -q -rs -p no:cacheprovider --junitxml "$out/gpu-tests.xml" "$suite" "$@" || status=1
+    "$py" "$ROOT/scripts/gpu-check.py" junit "$out/gpu-tests.xml" || status=1
+    log "python3 $bench"
+    "$py" "$bench" --json "$out/bench_gpu.json" || status=1
+    if [[ $status -ne 0 ]]; then log "FAILED (see above)"; else log "GPU tests and benchmark passed; results in $out"; fi
     return $status
 }
 

@@ -76,10 +76,12 @@ impl<'py> PyTensor<'py> {
     }
 
     /// For device memory, the stream the data is ready on, where to launch work
-    /// on it: the one passed to [`extract_on_stream`](Self::extract_on_stream);
-    /// else the producer's current work stream (exchange API), a dlbridge
-    /// `Tensor`'s own, or the legacy default stream, 1 on CUDA (`__dlpack__`).
-    /// `None` when no work is pending, as on the CPU, or after a stream of -1.
+    /// on it, valid while the call runs: the one passed to
+    /// [`extract_on_stream`](Self::extract_on_stream); else the producer's
+    /// current work stream (exchange API), or the legacy default stream, 1 on
+    /// CUDA (`__dlpack__`, and a dlbridge `Tensor`, whose later exports then
+    /// wait for work queued there). `None` when no work is pending, as on the
+    /// CPU, or after a stream of -1.
     pub fn ready_stream(&self) -> Option<i64> {
         self.ready
     }
@@ -120,13 +122,14 @@ impl<'py> PyTensor<'py> {
 
     fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<Stream>) -> PyResult<Self> {
         crate::borrows::prepare();
+        crate::gil::release_in_driver_calls();
         let source = obj.clone();
         let requested = stream.map(Stream::value);
         // A borrow without an export: our own Tensor directly, else through the
         // producer's table.
         let borrowed = if let Ok(tensor) = source.cast_exact::<Tensor>() {
             let tensor = tensor.get();
-            Some((tensor.borrowed_dltensor(), tensor.ready_stream(), tensor.view().is_subbyte_padded()))
+            Some((tensor.borrowed_dltensor(), tensor.stream_for(requested)?, tensor.view().is_subbyte_padded()))
         } else if let Some(table) = exchange::lookup(&source) {
             exchange::fill_borrowed(&source, table)?.map(|(dl, ready)| (dl, ready, false))
         } else {
@@ -230,6 +233,7 @@ impl<'py> PyTensorMut<'py> {
 
     fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<Stream>) -> PyResult<Self> {
         crate::borrows::prepare();
+        crate::gil::release_in_driver_calls();
         let source = obj.clone();
         let (owned, ready) = import_for_extension(&source, stream)?;
         wait_if_managed(owned.view().device(), ready)?;

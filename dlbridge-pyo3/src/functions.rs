@@ -26,7 +26,7 @@ pub(crate) fn py_from_dlpack(
     let stream = stream.map(|s| unsafe { Stream::from_raw(s) });
     let options = ImportOptions { device: parse_device(device)?, copy, stream };
     let (owned, ready) = from_dlpack_ready(x, options)?;
-    Ok(Tensor::new(owned).ready_on(ready))
+    Tensor::new(owned).ready_on(ready)
 }
 
 /// `asarray(obj, /, *, copy=None)`: a tensor from DLPack, the buffer protocol,
@@ -39,7 +39,7 @@ pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py
         return Ok(obj.clone().unbind());
     }
     let (owned, ready) = import_any_ready(obj, ImportOptions { copy, ..ImportOptions::default() })?;
-    Ok(Bound::new(obj.py(), Tensor::new(owned).ready_on(ready))?.into_any().unbind())
+    Ok(Bound::new(obj.py(), Tensor::new(owned).ready_on(ready)?)?.into_any().unbind())
 }
 
 /// `empty(shape, dtype=None, *, shared=False)`: a CPU tensor whose memory Rust

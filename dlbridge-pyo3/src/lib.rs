@@ -40,6 +40,7 @@
 //! | `import/` | taking tensors from Python: DLPack negotiation, NumPy, buffers, array interfaces |
 //! | `args.rs`, `borrows/` | `PyTensor`, `PyTensorMut`, `ReadGuard`, and the process-wide registry of the byte-range borrows they hold |
 //! | `tensor/` | the `Tensor` class: `__dlpack__`, buffer protocol, `tolist`, `DType` |
+//! | `ready.rs`, `moves.rs`, `gil.rs` | CUDA: where a tensor's data is ready; moves between host and device; driver calls without the GIL |
 //! | `exchange/` | the C exchange API: our table, and using other types' tables |
 //! | `capsule.rs`, `owner.rs` | capsule lifecycle; Python references a deleter may drop anywhere |
 //! | `writability.rs` | the one rule for read-only, writable and unknown |
@@ -65,8 +66,11 @@ mod convert;
 mod errors;
 pub mod exchange;
 mod functions;
+mod gil;
 pub mod import;
+mod moves;
 pub mod owner;
+mod ready;
 mod tensor;
 #[cfg(feature = "testing")]
 mod testing;
@@ -89,6 +93,7 @@ use pyo3::prelude::*;
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     // The process's borrow registry, published by the first extension that loads.
     borrows::prepare();
+    gil::release_in_driver_calls();
     module.add_class::<Tensor>()?;
     module.add_class::<DType>()?;
     module.add_function(wrap_pyfunction!(functions::py_from_dlpack, module)?)?;

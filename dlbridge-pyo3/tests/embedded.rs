@@ -118,14 +118,18 @@ fn an_extension_extracts_a_tensor_on_its_own_stream() {
         let streams: Vec<i64> = p.getattr("streams")?.extract()?;
         assert_eq!(streams, vec![7, 1, 9]);
 
-        // Our own Tensor is borrowed directly, its ready stream kept unless
+        // Our own Tensor is borrowed directly, ready on the legacy stream unless
         // another is asked for, which must then wait for it.
-        let ours = Bound::new(py, cuda_labelled_tensor()?.with_ready_stream(Some(stream(5))))?;
-        assert_eq!(ours.extract::<PyTensor<'_>>()?.ready_stream(), Some(5));
-        assert_eq!(PyTensor::extract_on_stream(ours.as_any(), stream(5))?.ready_stream(), Some(5));
+        let legacy = Some(dlbridge::streams::Stream::CUDA_LEGACY);
+        let ours = Bound::new(py, cuda_labelled_tensor()?.with_ready_stream(legacy)?)?;
+        assert_eq!(ours.extract::<PyTensor<'_>>()?.ready_stream(), Some(1));
+        assert_eq!(PyTensor::extract_on_stream(ours.as_any(), stream(1))?.ready_stream(), Some(1));
         assert_eq!(PyTensor::extract_on_stream(ours.as_any(), dlbridge::streams::Stream::NO_SYNC)?.ready_stream(), None);
         if dlbridge::cuda::driver_available().is_err() {
             let err = PyTensor::extract_on_stream(ours.as_any(), stream(7)).err().expect("an event needs the driver");
+            assert!(err.to_string().contains("CUDA is not available"), "{err}");
+            // No other handle is kept: work pending on it is kept as an event, which needs the driver.
+            let err = cuda_labelled_tensor()?.with_ready_stream(Some(stream(5))).err().expect("an event needs the driver");
             assert!(err.to_string().contains("CUDA is not available"), "{err}");
         }
         let inner = locals.get_item("inner")?.expect("inner");

@@ -180,6 +180,11 @@ pub enum Error {
         /// Its `CUresult`.
         code: u32,
     },
+    /// A stream captures a CUDA graph, and what was asked cannot be part of it.
+    StreamCapture {
+        /// What, why, and what to do instead.
+        reason: String,
+    },
     /// The allocator could not provide the memory (Python: MemoryError).
     AllocationFailed {
         /// The bytes asked for.
@@ -257,7 +262,11 @@ impl fmt::Display for Error {
             Error::InvalidStream { device, stream } => write!(f, "stream {stream} is not valid for a tensor on {device}"),
             Error::NotOnCuda { device } => write!(f, "memory on {device} cannot be copied with CUDA (dlbridge makes no HIP calls)"),
             Error::CudaUnavailable { reason } => write!(f, "CUDA is not available: {reason}"),
-            Error::Cuda { call, code } => write!(f, "{call} failed with CUresult {code}"),
+            Error::Cuda { call, code } => match cuda_error_name(*code) {
+                Some(name) => write!(f, "{call} failed with CUresult {code} ({name})"),
+                None => write!(f, "{call} failed with CUresult {code}"),
+            },
+            Error::StreamCapture { reason } => write!(f, "CUDA graph capture: {reason}"),
             Error::AllocationFailed { bytes } => write!(f, "could not allocate {bytes} bytes"),
             Error::UnknownDevice { device } => {
                 write!(f, "device type {} is not one that DLPack defines", device.device_type.0)
@@ -268,3 +277,28 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// The names of the `CUresult`s a caller is likely to meet.
+fn cuda_error_name(code: u32) -> Option<&'static str> {
+    Some(match code {
+        1 => "CUDA_ERROR_INVALID_VALUE",
+        2 => "CUDA_ERROR_OUT_OF_MEMORY",
+        3 => "CUDA_ERROR_NOT_INITIALIZED",
+        4 => "CUDA_ERROR_DEINITIALIZED",
+        34 => "CUDA_ERROR_STUB_LIBRARY",
+        100 => "CUDA_ERROR_NO_DEVICE",
+        101 => "CUDA_ERROR_INVALID_DEVICE",
+        201 => "CUDA_ERROR_INVALID_CONTEXT",
+        400 => "CUDA_ERROR_INVALID_HANDLE",
+        600 => "CUDA_ERROR_NOT_READY",
+        700 => "CUDA_ERROR_ILLEGAL_ADDRESS",
+        709 => "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        900 => "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+        901 => "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+        905 => "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+        906 => "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+        907 => "CUDA_ERROR_CAPTURED_EVENT",
+        999 => "CUDA_ERROR_UNKNOWN",
+        _ => return None,
+    })
+}

@@ -36,8 +36,9 @@ impl Stream {
     ///
     /// # Safety
     /// `value` is one of the fixed values above or the handle of a live stream
-    /// (a `CUstream`), which stays alive for as long as any tensor that records
-    /// it as its ready stream is exported: dlbridge passes it to the driver.
+    /// (a `CUstream`) of the tensor's device, alive for the call it is passed
+    /// to: dlbridge passes it to the driver then, and keeps no handle past it
+    /// (what is pending on it is marked with an event dlbridge records).
     pub const unsafe fn from_raw(value: i64) -> Stream {
         Stream(value)
     }

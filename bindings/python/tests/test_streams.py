@@ -40,9 +40,11 @@ def test_cuda_producer_gets_the_legacy_default_stream():
 
 def test_the_callers_stream_is_passed_as_given():
     p = Recorder((2, 1))
-    dlbridge.from_dlpack(p, stream=7)
-    dlbridge.from_dlpack(p, stream=-1)  # -1: the consumer asks for no synchronisation
-    dlbridge.from_dlpack(p, stream=2)
+    for stream in (7, -1, 2):  # -1: the consumer asks for no synchronisation
+        try:
+            dlbridge.from_dlpack(p, stream=stream)
+        except BufferError as e:  # keeping the data ready on 7 or 2 takes an event, so a driver
+            assert stream != -1 and "CUDA" in str(e), e
     assert [c["stream"] for c in p.calls] == [7, -1, 2]
 
 
@@ -83,6 +85,15 @@ def test_a_producer_without_dlpack_device_is_asked_without_a_stream():
     assert dlbridge.from_dlpack(NoDevice()).tolist() == [0.0, 1.0, 2.0]
 
 
+def test_a_cpu_dl_device_is_asked_for_without_a_stream():
+    """The spec: with dl_device on the CPU, stream must be None. dlbridge asks a producer for the
+    CPU only when it cannot make the move itself (ROCm memory, here)."""
+    p = Recorder((10, 0))
+    with pytest.raises(BufferError):
+        dlbridge.from_dlpack(p, device="cpu")  # this fake hands ROCm memory back regardless
+    assert p.calls[0] == {"max_version": (1, 3), "dl_device": (1, 0)}
+
+
 def test_cpu_fast_paths_refuse_a_stream_too():
     a = np.arange(3.0)
     assert dlbridge.from_dlpack(a).tolist() == [0.0, 1.0, 2.0]
@@ -103,13 +114,23 @@ def cuda_tensor(stream=None):
 def test_a_cuda_tensor_remembers_the_stream_its_data_is_ready_on():
     t, _ = cuda_tensor()
     assert t.__cuda_array_interface__["stream"] == 1
-    t, _ = cuda_tensor(stream=9)
-    assert t.__cuda_array_interface__["stream"] == 9
     # Same stream, or -1: nothing to wait for, so no driver is needed.
-    t.__dlpack__(stream=9)
+    t.__dlpack__(stream=1)
     t.__dlpack__(stream=-1, max_version=(1, 3))
     with pytest.raises(ValueError, match="stream 0 is not valid"):
         t.__dlpack__(stream=0)
+
+
+@no_driver
+def test_no_stream_handle_is_kept_past_the_call_that_names_it():
+    """Data ready on a stream other than the legacy default is kept as an event dlbridge records
+    (CuPy and numba destroy their streams; 2 is another stream in each thread), which needs the
+    driver (tests/fake_driver checks the rest)."""
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        cuda_tensor(stream=9)
+    with pytest.raises(BufferError, match="CUDA is not available"):
+        cuda_tensor(stream=2)
+    assert cuda_tensor(stream=-1)[0].__cuda_array_interface__["stream"] is None
 
 
 @no_driver

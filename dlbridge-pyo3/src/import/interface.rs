@@ -7,7 +7,7 @@ use core::ffi::c_void;
 
 use dlbridge::export::RawLayout;
 use dlbridge::layout::element_strides_from_bytes;
-use dlbridge::{DataType, Device};
+use dlbridge::{DataType, Device, DeviceType};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -80,9 +80,11 @@ pub fn import_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAn
 /// Imports a `__cuda_array_interface__` (versions 0-3) exporter without
 /// touching device memory, with the stream its data is ready on (its `stream`
 /// entry: 0 and negative values are refused, absent or None means no pending
-/// work). The device id
-/// comes from the pointer's attributes when a CUDA driver is present (the
-/// interface carries none), else 0.
+/// work). The device comes from the driver (the interface names none): CUDA
+/// memory of its device, managed memory, or pinned host memory (whose stream
+/// is waited for by the host, since pinned memory has no streams in DLPack);
+/// an address the driver does not know is refused. Without a driver nothing
+/// can reach the memory, and it is carried as cuda:0.
 pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<(AnyOwned, Option<i64>)> {
     let (parsed, dict) = parse_interface(interface, "__cuda_array_interface__")?;
     let mut ready = None;
@@ -104,8 +106,26 @@ pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_,
     }
     let (address, readonly) =
         parsed.data.ok_or_else(|| PyValueError::new_err("__cuda_array_interface__ needs a \"data\" pointer"))?;
-    let device_id = if address == 0 { 0 } else { dlbridge::cuda::pointer_device(address, 0).unwrap_or(0) };
-    Ok((import_pointer(obj, &parsed, address, readonly, Device::cuda(device_id))?, ready))
+    let place = if address == 0 { Ok(Some((Device::cuda(0), 0))) } else { dlbridge::cuda::pointer_place(address) };
+    let device = match place {
+        Ok(Some((device, ordinal))) => {
+            if device.device_type == DeviceType::CUDA_HOST {
+                if let Some(stream) = ready.take() {
+                    // SAFETY: the interface's stream value, for this call (README, "Raw addresses").
+                    unsafe { dlbridge::cuda::wait_on_host(ordinal, stream) }.py()?;
+                }
+            }
+            device
+        }
+        Ok(None) => {
+            return Err(PyBufferError::new_err(format!(
+                "__cuda_array_interface__ gives the address {address:#x}, which the CUDA driver does not know as CUDA memory"
+            )))
+        }
+        Err(dlbridge::Error::CudaUnavailable { .. }) => Device::cuda(0),
+        Err(err) => return Err(crate::errors::to_py_err(err)),
+    };
+    Ok((import_pointer(obj, &parsed, address, readonly, device)?, ready))
 }
 
 fn import_pointer(obj: &Bound<'_, PyAny>, parsed: &Interface, address: usize, readonly: bool, device: Device) -> PyResult<AnyOwned> {

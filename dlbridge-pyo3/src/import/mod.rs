@@ -75,30 +75,12 @@ pub(crate) fn reaches(device: Device, wanted: Device) -> bool {
 /// An imported tensor and, for device memory, the stream its data is ready on.
 pub type Imported = (AnyOwned, Option<i64>);
 
-/// A copy of `owned` on `wanted`, which it cannot reach as it is: CUDA to the
-/// host (pageable or pinned), or host memory to a CUDA device.
+/// A copy of `owned` on `wanted`, which it cannot reach as it is (see
+/// [`crate::moves`]), with the stream the copy is ready on.
 fn move_to(owned: &AnyOwned, ready: Option<i64>, wanted: Device) -> PyResult<Imported> {
     // The copy reads the memory: under a read borrow.
-    let read = owned.read()?;
-    let view = read.view();
-    let from = view.device();
-    let on_cuda = matches!(from.device_type, DeviceType::CUDA | DeviceType::CUDA_MANAGED);
-    // `ready` is the stream value the producer was given, or its
-    // `__cuda_array_interface__` stream: the protocols hand streams over as raw
-    // integers (README, "Raw addresses").
-    let to_host = |pinned| {
-        // SAFETY: as just said.
-        unsafe { dlbridge::cuda::to_host(view, ready, pinned) }.py()
-    };
-    // The copies below read managed memory on the host.
-    wait_if_managed(from, ready)?;
-    let copied: OwnedTensor = match wanted.device_type {
-        DeviceType::CPU if on_cuda => to_host(false)?,
-        DeviceType::CUDA_HOST if on_cuda || from.is_cpu_accessible() => to_host(true)?,
-        DeviceType::CUDA if from.is_cpu_accessible() => dlbridge::cuda::to_device(view, wanted.device_id).py()?,
-        _ => return Err(PyBufferError::new_err(format!("cannot move a tensor from {from} to {wanted}"))),
-    };
-    Ok((AnyOwned::Versioned(copied), None))
+    let (copied, ready): (OwnedTensor, _) = crate::moves::copy_to(owned.read()?.view(), ready, wanted)?;
+    Ok((AnyOwned::Versioned(copied), ready))
 }
 
 /// Refuses a CUDA import whose pointer lives on another device than its
@@ -191,6 +173,10 @@ fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyO
             wait_if_managed(device, ours)?;
             ready = None;
         }
+        // Pinned or managed memory asked for on the CPU is handed over as CPU memory.
+        if wanted == Device::CPU && device != wanted && options.copy != Some(true) {
+            owned = crate::moves::relabel(owned, wanted)?;
+        }
     }
     match options.copy {
         Some(true) if !owned.is_copied() => {
@@ -229,9 +215,11 @@ pub fn from_dlpack_ready(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyRe
 }
 
 fn import_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
+    crate::gil::release_in_driver_calls();
     let finish = |imported, options| finish(imported, options, ready_on);
     if let Ok(tensor) = obj.cast_exact::<Tensor>() {
-        return finish((Tensor::share(tensor)?, tensor.get().ready_stream()), options);
+        let ready = tensor.get().stream_for(options.stream.map(Stream::value))?;
+        return finish((Tensor::share(tensor)?, ready), options);
     }
     if is_capsule(obj) {
         return finish((consume_capsule(obj)?, None), options);
@@ -254,7 +242,15 @@ fn import_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: Ready
         }
         other => other?,
     };
-    finish((consume_capsule(&capsule)?, stream), options)
+    let owned = consume_capsule(&capsule)?;
+    // A producer asked with no stream orders its work before its device's
+    // legacy default stream, as the spec says it must assume.
+    let ready = match stream {
+        Some(-1) => None,
+        Some(s) => Some(s),
+        None => owned.view().device().device_type.default_stream(),
+    };
+    finish((owned, ready), options)
 }
 
 /// Imports from anything that exposes DLPack, the buffer protocol,
@@ -275,6 +271,7 @@ pub(crate) fn import_for_extension(obj: &Bound<'_, PyAny>, stream: Option<Stream
 }
 
 fn import_anything(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
+    crate::gil::release_in_driver_calls();
     let py = obj.py();
     if obj.cast_exact::<Tensor>().is_ok() || is_capsule(obj) || has_dlpack(obj) {
         return import_dlpack(obj, options, ready_on);

@@ -1,10 +1,12 @@
 //! Asking a producer for a capsule: the array API's `__dlpack__` negotiation.
 //!
 //! Ask for `max_version=(1, 3)`, pass `dl_device` and `copy` only when the
-//! caller gave them, retry without them on TypeError, then with no keywords at
-//! all (early-draft and pre-1.0 producers). A producer whose
-//! `__dlpack_device__` names a device with streams gets an explicit `stream`
-//! in every attempt: the caller's, or the legacy default stream.
+//! caller gave them and dlbridge cannot serve them itself (a move between
+//! host and CUDA, or CUDA memory the host can reach, is made here, not asked
+//! of the producer), retry without them on TypeError, then with no keywords at
+//! all (early-draft and pre-1.0 producers). The `stream` passed is valid for
+//! the device the data is handed over on: none for the CPU, else the caller's
+//! or the legacy default stream, in every attempt.
 
 use pyo3::exceptions::{PyAttributeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -12,8 +14,11 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 use pyo3::{ffi, intern};
 
-use super::ImportOptions;
+use dlbridge::Device;
+
+use super::{reaches, ImportOptions};
 use crate::capsule::is_capsule;
+use crate::moves::can_move;
 use crate::convert::type_name;
 
 /// The keyword names of a `__dlpack__` call, cached per combination of the
@@ -67,31 +72,44 @@ fn call_dlpack<'py>(obj: &Bound<'py, PyAny>, versioned: bool, stream: Option<i64
     }
 }
 
-/// The `stream` to pass to `obj`'s `__dlpack__`: none for a producer on a
-/// device without streams (where a caller's stream is a ValueError), else the
-/// caller's or the device's legacy default, checked by the spec's rules; with
-/// that default, which a producer asked with no stream assumes. A producer
-/// whose `__dlpack_device__` fails is asked with the caller's stream only.
-fn producer_stream(obj: &Bound<'_, PyAny>, requested: Option<i64>) -> PyResult<Option<(i64, Option<i64>)>> {
-    let py = obj.py();
-    let Ok(device) = obj.call_method0(intern!(py, "__dlpack_device__")) else {
-        let _ = PyErr::take(py);
-        return Ok(requested.map(|s| (s, None)));
-    };
-    let Ok(device) = crate::convert::parse_device_tuple(&device, "__dlpack_device__()") else {
-        return Ok(requested.map(|s| (s, None)));
-    };
+/// The producer's device, from `__dlpack_device__`; `None` when it has none,
+/// or it fails or says something that is no device.
+fn producer_device(obj: &Bound<'_, PyAny>) -> Option<Device> {
+    let device = obj.call_method0(intern!(obj.py(), "__dlpack_device__")).ok()?;
+    crate::convert::parse_device_tuple(&device, "__dlpack_device__()").ok()
+}
+
+/// What to ask a producer on `producer` for, when the caller wants `options`:
+/// a move dlbridge can make itself (a reach, or a copy between host and CUDA)
+/// is not asked for, so a producer that cannot make it (as the spec allows)
+/// still hands its tensor over; nor is a copy dlbridge makes anyway.
+fn what_to_ask(producer: Option<Device>, options: ImportOptions) -> ImportOptions {
+    match (options.device, producer) {
+        (Some(wanted), Some(own)) if wanted != own && (reaches(own, wanted) || can_move(own, wanted)) => {
+            ImportOptions { device: None, copy: options.copy.filter(|&c| !c), ..options }
+        }
+        _ => options,
+    }
+}
+
+/// The `stream` to pass with `asked`: one valid for the device the data is
+/// handed over on (`dl_device`, else the producer's): none for a device
+/// without streams (where a caller's stream is a ValueError), else the
+/// caller's or the device's legacy default, checked by the spec's rules. A
+/// producer on an unknown device is asked with the caller's stream only.
+fn stream_to_pass(producer: Option<Device>, asked: ImportOptions, requested: Option<i64>) -> PyResult<Option<i64>> {
+    let Some(device) = asked.device.or(producer) else { return Ok(requested) };
     let Some(default) = device.device_type.default_stream() else {
         return match requested {
             None => Ok(None),
-            Some(s) => Err(PyValueError::new_err(format!("stream={s} was given, but the producer's tensor is on {device}, which has no streams"))),
+            Some(s) => Err(PyValueError::new_err(format!("stream={s} was given, but the tensor is asked for on {device}, which has no streams"))),
         };
     };
     let stream = requested.unwrap_or(default);
     if !device.device_type.accepts_stream(stream) {
         return Err(PyValueError::new_err(format!("stream {stream} is not valid for a tensor on {device}")));
     }
-    Ok(Some((stream, Some(default))))
+    Ok(Some(stream))
 }
 
 /// Turns a failed `__dlpack__` lookup into the TypeError that `from_dlpack` raises.
@@ -107,16 +125,13 @@ pub(crate) fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
 }
 
 /// Calls `__dlpack__` with the array-API negotiation and returns its capsule,
-/// with the stream the producer was asked to make the data ready on (`None`
-/// when it was asked not to synchronise, with -1).
+/// with the stream the successful call passed (`None` when it passed none:
+/// the producer then orders its work before the legacy default stream).
 pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptions) -> PyResult<(Bound<'py, PyAny>, Option<i64>)> {
     let py = obj.py();
-    let (stream, default) = match producer_stream(obj, options.stream.map(dlbridge::streams::Stream::value))? {
-        Some((stream, default)) => (Some(stream), default),
-        None => (None, None),
-    };
-    // The stream the producer orders its work before: the one it was given,
-    // or, asked with no keywords at all, the default it assumes.
+    let producer = producer_device(obj);
+    let options = what_to_ask(producer, options);
+    let stream = stream_to_pass(producer, options, options.stream.map(dlbridge::streams::Stream::value))?;
     let mut ready = stream;
     let is_type_error = |attempt: &PyResult<Bound<'py, PyAny>>| matches!(attempt, Err(err) if err.is_instance_of::<PyTypeError>(py));
     let mut attempt = call_dlpack(obj, true, stream, options);
@@ -135,7 +150,7 @@ pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptio
             // A producer that predates max_version: retry with no keywords.
             // Early-draft producers land here too and return their legacy
             // capsule, the only ABI of the draft whose layout is certain.
-            ready = default;
+            ready = None;
             obj.call_method0(intern!(py, "__dlpack__")).map_err(|retry_err| {
                 if retry_err.is_instance_of::<PyAttributeError>(py) && !has_dlpack(obj) {
                     no_dlpack(obj)
@@ -150,5 +165,5 @@ pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptio
     if !is_capsule(&capsule) {
         return Err(PyTypeError::new_err(format!("__dlpack__ returned a {}, not a DLPack capsule", type_name(&capsule))));
     }
-    Ok((capsule, ready.filter(|&s| s != -1)))
+    Ok((capsule, ready))
 }

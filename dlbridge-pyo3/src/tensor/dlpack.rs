@@ -3,8 +3,9 @@
 //! A legacy `dltensor` capsule when `max_version` is None or below 1.0, else a
 //! `dltensor_versioned` at 1.3, flags set as the [writability rule](crate::writability)
 //! says. For CUDA memory the consumer's `stream` is made to wait for the data's
-//! ([`dlbridge::streams::plan`]), and `dl_device=(1, 0)` gives a host copy. Installed as a `METH_FASTCALL | METH_KEYWORDS` method descriptor with
-//! keyword names matched by identity, which PyO3's generic parser cannot offer.
+//! ([`dlbridge::streams::plan`]); a `dl_device` across host and CUDA gives a
+//! copy ([`crate::moves`]). Installed as a `METH_FASTCALL | METH_KEYWORDS` method
+//! descriptor with keyword names matched by identity, which PyO3's generic parser cannot offer.
 
 use dlbridge::export::export_view;
 use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor, DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED};
@@ -20,6 +21,7 @@ use crate::capsule::into_capsule;
 use crate::convert::parse_device_tuple;
 use crate::errors::IntoPyResult;
 use crate::import::{reaches, settle};
+use crate::moves::{can_move, copy_to};
 use crate::owner::PyOwner;
 
 /// The parsed keywords of `__dlpack__`.
@@ -92,13 +94,6 @@ fn parse_stream(stream: Option<&Bound<'_, PyAny>>, device: Device) -> PyResult<O
     Ok(Some(value))
 }
 
-/// Whether a tensor on `own` can be copied to `wanted` by `__dlpack__`: CUDA
-/// memory to the host, pageable or pinned.
-fn can_move(own: Device, wanted: Device) -> bool {
-    matches!(own.device_type, DeviceType::CUDA | DeviceType::CUDA_MANAGED)
-        && matches!(wanted.device_type, DeviceType::CPU | DeviceType::CUDA_HOST)
-}
-
 impl Tensor {
     pub(super) fn parse_request(
         &self,
@@ -117,6 +112,7 @@ impl Tensor {
                 if reaches(own, wanted) {
                     (wanted, false)
                 } else if can_move(own, wanted) {
+                    // A copy dlbridge makes itself (see `crate::moves`).
                     // The method reference: a copy needed for CPU access with copy=False is a ValueError.
                     if copy == Some(false) {
                         return Err(PyValueError::new_err(format!(
@@ -156,16 +152,11 @@ impl Tensor {
     /// Makes the legacy default stream wait for this tensor's pending work (an
     /// event, no host sync): what the exchange API's `no_sync` functions do,
     /// since they hand out data that `current_work_stream` says is ready on
-    /// that stream. Once per tensor: its ready stream never changes. Nothing for
-    /// memory without streams, or with no pending work.
+    /// that stream. Then the legacy stream is the data's stream, so that work a
+    /// consumer queues there later (an in-place kernel) is ordered before the
+    /// next export too. Nothing for memory without streams, or with no pending work.
     pub(crate) fn order_default_stream(&self) -> PyResult<()> {
-        use core::sync::atomic::Ordering;
-        if self.default_ordered.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        settle(self.view().device(), self.ready_stream, None)?;
-        self.default_ordered.store(true, Ordering::Relaxed);
-        Ok(())
+        self.stream_for(None).map(drop)
     }
 
     /// A non-owning DLTensor of this tensor's memory, shape and strides, valid
@@ -202,22 +193,28 @@ impl Tensor {
         let view = this.view();
         let own = view.device();
         if request.moved {
-            // A complete host copy: the data's stream is waited for.
-            let pinned = request.device.device_type == DeviceType::CUDA_HOST;
-            // SAFETY: the ready stream is the value this tensor's producer was
-            // given; stream values are raw handles by the protocol's design.
-            return unsafe { dlbridge::cuda::to_host::<M>(this.read()?.view(), this.ready_stream, pinned) }.py();
+            // A host copy is complete when made; a device copy is ready on the
+            // legacy stream, which the consumer's is then made to wait for.
+            let ready = if own.device_type.has_streams() { this.stream_for(None)? } else { None };
+            let (copy, ready) = copy_to::<M>(this.read()?.view(), ready, request.device)?;
+            if request.order && ready.is_some() {
+                settle(request.device, ready, request.stream)?;
+            }
+            return Ok(copy);
         }
         // A host consumer: one that asked for host memory, or one that passed no
         // stream for managed memory (NumPy reads it on the host).
         let host_bound = matches!(request.device.device_type, DeviceType::CPU | DeviceType::CUDA_HOST)
             || (own.device_type == DeviceType::CUDA_MANAGED && request.stream.is_none());
-        let mut ready = this.ready_stream;
-        if request.order && own.device_type.has_streams() {
+        let mut ready = None;
+        // -1: the consumer orders its stream itself; only a copy made here needs the data's.
+        let ordered = request.order && (request.stream != Some(-1) || request.copy == Some(true));
+        if ordered && own.device_type.has_streams() {
             if host_bound {
                 // Managed memory for a host consumer: the host itself must wait.
                 this.wait_for_host()?;
             } else {
+                ready = this.stream_for(request.stream)?;
                 settle(own, ready, request.stream)?;
                 // A copy is then queued on the consumer's stream, so that what it
                 // waits for includes the copy; with -1 it stays on the data's.

@@ -34,6 +34,7 @@ use crate::capsule::AnyOwned;
 use crate::convert::device_tuple;
 use crate::errors::IntoPyResult;
 use crate::owner::ExceptionSafe;
+use crate::ready::ReadyCell;
 use crate::writability::Writability;
 
 /// An n-dimensional tensor exchanged through DLPack.
@@ -45,12 +46,8 @@ pub struct Tensor {
     /// The shared-memory segment the data lives in, if any: kept alive with
     /// the tensor, and asked to pickle it as a handle.
     origin: Option<Py<PyAny>>,
-    /// For device memory, the stream its data is ready on (the one its producer
-    /// was asked to order its work before); `None`: no pending work.
-    ready_stream: Option<i64>,
-    /// Whether the legacy default stream has been made to wait for `ready_stream`
-    /// (by an exchange-API export), so the next one need not again.
-    default_ordered: core::sync::atomic::AtomicBool,
+    /// For device memory, where its data is ready (see `crate::ready`).
+    ready: ReadyCell,
 }
 
 impl Tensor {
@@ -75,7 +72,8 @@ impl Tensor {
 
     fn wrap(mut owned: AnyOwned, writability: Writability) -> Self {
         owned.mark_aliased();
-        Tensor { owned: ExceptionSafe::new(owned), writability, origin: None, ready_stream: None, default_ordered: Default::default() }
+        let ready = ReadyCell::idle(owned.view().device());
+        Tensor { owned: ExceptionSafe::new(owned), writability, origin: None, ready }
     }
 
     /// A writable row-major tensor over a `Vec`, without copying.
@@ -109,21 +107,31 @@ impl Tensor {
     }
 
     /// The same tensor, with its data ready on `stream` (device memory only;
-    /// [`Stream::NO_SYNC`] leaves no stream to wait for).
-    pub fn with_ready_stream(self, stream: Option<Stream>) -> Self {
+    /// [`Stream::NO_SYNC`] leaves no stream to wait for). No handle is kept:
+    /// on a CUDA stream other than the legacy default, an event dlbridge owns
+    /// is recorded now, which needs the driver.
+    pub fn with_ready_stream(self, stream: Option<Stream>) -> PyResult<Self> {
         self.ready_on(stream.map(Stream::value))
     }
 
     /// [`with_ready_stream`](Self::with_ready_stream) with a protocol value that
-    /// came from a producer or a Python caller.
-    pub(crate) fn ready_on(mut self, stream: Option<i64>) -> Self {
-        self.ready_stream = stream.filter(|&s| s != -1 && self.view().device().device_type.has_streams());
-        self
+    /// came from a producer or a Python caller, for this call.
+    pub(crate) fn ready_on(mut self, stream: Option<i64>) -> PyResult<Self> {
+        self.ready = ReadyCell::keep(self.view().device(), stream)?;
+        Ok(self)
     }
 
-    /// The stream the data is ready on, for device memory with pending work.
-    pub fn ready_stream(&self) -> Option<i64> {
-        self.ready_stream
+    /// The stream the data is ready on, for device memory with pending work:
+    /// the legacy default stream (1), made to wait for the work first if it was
+    /// pending elsewhere (see `crate::ready`); `None` when none is pending.
+    pub fn ready_stream(&self) -> PyResult<Option<i64>> {
+        self.ready.stream_for(None)
+    }
+
+    /// The stream the data is ready on for a consumer on `consumer` (`None`:
+    /// the legacy default), valid for this call.
+    pub(crate) fn stream_for(&self, consumer: Option<i64>) -> PyResult<Option<i64>> {
+        self.ready.stream_for(consumer)
     }
 
     /// What the producer said about writes.
@@ -169,7 +177,7 @@ impl Tensor {
     /// Blocks until the GPU work pending on CUDA managed memory is done, before
     /// the host reads it: a kernel may still be writing it on the ready stream.
     pub(crate) fn wait_for_host(&self) -> PyResult<()> {
-        crate::import::wait_if_managed(self.view().device(), self.ready_stream)
+        self.ready.wait_on_host()
     }
 }
 
@@ -281,7 +289,7 @@ impl Tensor {
         }
         let dict = buffer::interface_dict(py, self)?;
         // The stream the data is ready on; None when no work is pending.
-        dict.set_item("stream", self.ready_stream)?;
+        dict.set_item("stream", self.ready_stream()?)?;
         Ok(dict)
     }
 

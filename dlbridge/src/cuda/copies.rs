@@ -1,92 +1,63 @@
-//! Copies with the driver: fresh device memory and page-locked host memory
-//! (each freed by its owner's `Drop`, in the right context), and the copies
-//! between them and ordinary host memory. Each copy is queued on the stream
-//! the source's data is ready on.
+//! Copies with the driver, into fresh device memory, page-locked host memory
+//! (see `buffers.rs`) or ordinary host memory. Each copy is queued on the
+//! stream the source's data is ready on.
+//!
+//! A copy moves the source's byte extent when that is compact (one copy, the
+//! layout kept); a thin view is gathered element by element instead
+//! ([`gather`](super::gather)), and a copy is never left with elements that
+//! share memory (a broadcast is made contiguous), since copies are writable.
 
-use core::ffi::c_uint;
-use core::ptr::NonNull;
+use core::ffi::{c_uint, c_void};
 
-use super::{check, in_context, queue_on, wait_on_host, DevicePtr};
+use super::buffers::{DeviceBuffer, Memcpy2D, PinnedBuffer};
+use super::gather::{self, Gather};
+use super::{awake_device, capturing, check, host_side, in_context, queue_on, stream_handle, wait_on_host, DevicePtr};
 use crate::error::Error;
 use crate::export::{export_raw, RawLayout};
+use crate::ffi::DLManagedTensorVersioned;
 use crate::owned::{ManagedAbi, Owned};
 use crate::view::TensorView;
 use crate::{Device, DeviceType};
 
-/// Device memory from `cuMemAlloc`, freed in its device's context.
-struct DeviceBuffer {
-    ptr: DevicePtr,
-    device_id: i32,
-}
-
-/// `CU_MEM_ATTACH_GLOBAL`: managed memory any stream may reach.
-const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
-
-impl DeviceBuffer {
-    fn new(device_id: i32, len: usize) -> Result<Self, Error> {
-        in_context(device_id, |api| {
-            let mut ptr = 0;
-            // SAFETY: an allocation with a writable out pointer.
-            check("cuMemAlloc", unsafe { (api.mem_alloc)(&mut ptr, len.max(1)) })?;
-            Ok(DeviceBuffer { ptr, device_id })
-        })
-    }
-
-    /// Managed memory (`cuMemAllocManaged`), readable and writable from the
-    /// host as from the device; freed by `cuMemFree` as well.
-    fn new_managed(device_id: i32, len: usize) -> Result<Self, Error> {
-        in_context(device_id, |api| {
-            let mut ptr = 0;
-            // SAFETY: an allocation with a writable out pointer.
-            check("cuMemAllocManaged", unsafe { (api.mem_alloc_managed)(&mut ptr, len.max(1), CU_MEM_ATTACH_GLOBAL) })?;
-            Ok(DeviceBuffer { ptr, device_id })
-        })
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        let ptr = self.ptr;
-        // SAFETY: allocated by `new` on this device, freed once.
-        let _ = in_context(self.device_id, |api| check("cuMemFree", unsafe { (api.mem_free)(ptr) }));
-    }
-}
-
-/// Page-locked host memory from `cuMemAllocHost`, which copies at full link
-/// speed; allocated and freed with a device's context current, as the driver
-/// requires.
-struct PinnedBuffer {
-    ptr: NonNull<u8>,
-    device_id: i32,
-}
-
-// SAFETY: plain host memory owned by this value alone.
-unsafe impl Send for PinnedBuffer {}
-
-impl PinnedBuffer {
-    fn new(device_id: i32, len: usize) -> Result<Self, Error> {
-        in_context(device_id, |api| {
-            let mut ptr = core::ptr::null_mut();
-            // SAFETY: an allocation with a writable out pointer.
-            check("cuMemAllocHost", unsafe { (api.mem_alloc_host)(&mut ptr, len.max(1)) })?;
-            let ptr = NonNull::new(ptr.cast()).ok_or(Error::AllocationFailed { bytes: len })?;
-            Ok(PinnedBuffer { ptr, device_id })
-        })
-    }
-}
-
-impl Drop for PinnedBuffer {
-    fn drop(&mut self) {
-        let ptr = self.ptr.as_ptr().cast();
-        // SAFETY: allocated by `new`, freed once.
-        let _ = in_context(self.device_id, |api| check("cuMemFreeHost", unsafe { (api.mem_free_host)(ptr) }));
-    }
-}
+const CU_MEMORYTYPE_HOST: c_uint = 1;
+const CU_MEMORYTYPE_DEVICE: c_uint = 2;
+/// A gather of more 2-D copies than this copies the byte extent instead.
+const MAX_GATHER_COPIES: usize = 1024;
 
 /// The byte extent of a view: its lowest byte and length, and element 0's offset in it.
 fn extent(view: &TensorView<'_>) -> (usize, usize, usize) {
     let range = view.byte_range();
     (range.start, range.len(), (view.as_ptr() as usize).wrapping_sub(range.start))
+}
+
+/// Whether the view's extent holds each element once and nothing else: a copy
+/// of the extent is then compact, with no shared elements.
+fn is_dense(view: &TensorView<'_>) -> bool {
+    view.is_non_overlapping() && view.byte_range().len() == view.nbytes()
+}
+
+/// Bytes per element as stored: the dtype's, or one for padded sub-byte data;
+/// `None` for packed sub-byte data, which is only ever copied by its extent.
+fn element_bytes(view: &TensorView<'_>) -> Option<usize> {
+    view.dtype().itemsize().or(view.is_subbyte_padded().then_some(1))
+}
+
+/// The gather of a thin view's elements, when it saves more than half the extent.
+fn thin_gather(view: &TensorView<'_>) -> Option<Gather> {
+    let g = gather::plan(view.shape(), view.strides(), element_bytes(view)?, MAX_GATHER_COPIES)?;
+    (g.len.saturating_mul(2) < view.byte_range().len()).then_some(g)
+}
+
+/// What is staged of `view` by a copy: `gather`'s compact buffer or the byte
+/// extent, as (bytes, element strides there, element 0's byte offset there).
+fn staging(view: &TensorView<'_>, gather: Option<&Gather>) -> (usize, Vec<i64>, usize) {
+    match (gather, element_bytes(view)) {
+        (Some(g), Some(size)) => (g.len, g.strides.clone(), g.first * size),
+        _ => {
+            let (_, len, first) = extent(view);
+            (len, view.strides().to_vec(), first)
+        }
+    }
 }
 
 fn layout_of<'v>(view: &'v TensorView<'_>, device: Device) -> RawLayout<'v> {
@@ -112,14 +83,46 @@ fn require_cuda(view: &TensorView<'_>) -> Result<(), Error> {
     }
 }
 
+/// Queues `g`'s 2-D copies from device memory at `src` (element 0) to `dst`
+/// (host memory, or device memory when `to_device`) on `stream`.
+///
+/// # Safety
+/// The source reaches the view's elements (the producer's promise), `dst`
+/// holds `g.len` bytes, and `stream` is a live stream of the current context.
+unsafe fn queue_gather(api: &super::Api, g: &Gather, src: usize, dst: usize, to_device: bool, stream: i64) -> Result<(), Error> {
+    for rows in &g.copies {
+        let (to_host, to_dev) = (dst.wrapping_add(rows.dst), dst.wrapping_add(rows.dst));
+        let copy = Memcpy2D {
+            src_x_in_bytes: 0,
+            src_y: 0,
+            src_memory_type: CU_MEMORYTYPE_DEVICE,
+            src_host: core::ptr::null(),
+            src_device: src.wrapping_add_signed(rows.src) as DevicePtr,
+            src_array: core::ptr::null_mut(),
+            src_pitch: rows.src_pitch,
+            dst_x_in_bytes: 0,
+            dst_y: 0,
+            dst_memory_type: if to_device { CU_MEMORYTYPE_DEVICE } else { CU_MEMORYTYPE_HOST },
+            dst_host: if to_device { core::ptr::null_mut() } else { core::ptr::with_exposed_provenance_mut(to_host) },
+            dst_device: if to_device { to_dev as DevicePtr } else { 0 },
+            dst_array: core::ptr::null_mut(),
+            dst_pitch: rows.dst_pitch,
+            width_in_bytes: rows.width,
+            height: rows.height,
+        };
+        // SAFETY: rows of the view's elements into the caller's buffer, on its stream.
+        check("cuMemcpy2DAsync", unsafe { (api.memcpy_2d_async)(&copy, stream_handle(stream)) })?;
+    }
+    Ok(())
+}
+
 /// A host copy of a CUDA tensor whose data is ready on stream `ready` (`None`:
-/// the legacy default): the byte extent is copied on that stream, which is
-/// then waited for (a host copy must be complete when it returns). `pinned`
-/// puts it in page-locked memory (device `cuda_host`), keeping the layout;
-/// otherwise the copy is made C-contiguous in ordinary memory. A
-/// CPU-accessible source is copied on the host, after its `ready` stream (for
-/// CUDA managed memory) is waited for. IS_COPIED is set; a padded sub-byte
-/// tensor stays padded.
+/// the legacy default): copied on that stream, which is then waited for (a
+/// host copy is complete when it returns). `pinned` puts it in page-locked
+/// memory (device `cuda_host`), in a compact layout; otherwise it is made
+/// C-contiguous in ordinary memory. A CPU-accessible source is copied on the
+/// host, after its `ready` stream (for CUDA managed memory) is waited for.
+/// IS_COPIED is set; a padded sub-byte tensor stays padded.
 ///
 /// # Safety
 /// `ready`, when given, is 1, 2 or the handle of a live stream of the view's device.
@@ -136,76 +139,125 @@ pub unsafe fn to_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, 
         if !pinned {
             return crate::to_contiguous(view);
         }
-    } else {
-        require_cuda(view)?;
+        // Pinned memory of host data: in the context of a device already awake.
+        let device_id = if view.device().device_type.has_streams() { view.device().device_id } else { awake_device(super::api()?) };
+        return pinned_copy_of_host(view, device_id, padded);
     }
-    let (start, len, first) = extent(view);
+    require_cuda(view)?;
+    let device_id = view.device().device_id;
     let stream = queue_on(ready);
+    let gather = thin_gather(view);
+    let (len, strides, first_byte) = staging(view, gather.as_ref());
     let copy_into = |dst: *mut u8| {
-        if view.device().is_cpu_accessible() {
-            // SAFETY: the view's extent is readable host memory (validated), and
-            // `dst` has room for `len` bytes of a fresh, separate allocation.
-            unsafe { core::ptr::copy_nonoverlapping(view.as_ptr().cast::<u8>().wrapping_sub(first), dst, len) };
-            return Ok(());
-        }
-        in_context(view.device().device_id, |api| {
-            // SAFETY: `dst` has room for `len` bytes; the source extent is
-            // device memory the view's producer vouched for; the stream is the
-            // one its data is ready on, and is waited for before returning.
-            unsafe {
-                check("cuMemcpyDtoHAsync", (api.memcpy_dtoh_async)(dst.cast(), start as DevicePtr, len, stream))?;
-                check("cuStreamSynchronize", (api.stream_synchronize)(stream))
+        in_context(device_id, |api| {
+            if capturing(api, stream)? {
+                return Err(Error::StreamCapture {
+                    reason: format!("cannot copy to the host from stream {stream} while it captures a CUDA graph"),
+                });
             }
+            let (dst, start) = (dst as usize, extent(view).0);
+            // A copy into pageable memory blocks until the stream reaches it: the
+            // copies are blocking calls too.
+            host_side(api, || {
+                // SAFETY: `dst` has room for `len` bytes; the source is device
+                // memory the view's producer vouched for; the stream is the one
+                // its data is ready on, and is waited for before returning.
+                unsafe {
+                    match &gather {
+                        Some(g) => queue_gather(api, g, view.as_ptr() as usize, dst, false, stream)?,
+                        None => {
+                            let to: *mut c_void = core::ptr::with_exposed_provenance_mut(dst);
+                            check("cuMemcpyDtoHAsync", (api.memcpy_dtoh_async)(to, start as DevicePtr, len, stream_handle(stream)))?
+                        }
+                    }
+                    check("cuStreamSynchronize", (api.stream_synchronize)(stream_handle(stream)))
+                }
+            })
         })
     };
-    let mut owned: Owned<M> = if pinned {
-        // A CUDA source's own device; host memory has none, so device 0's context.
-        let context = if view.device().device_type.has_streams() { view.device().device_id } else { 0 };
-        let buffer = PinnedBuffer::new(context, len)?;
+    let layout = RawLayout { strides: Some(&strides), ..layout_of(view, Device::CPU) };
+    if pinned {
+        let buffer = PinnedBuffer::new(device_id, len)?;
         let base = buffer.ptr.as_ptr();
         if len > 0 {
             copy_into(base)?;
         }
-        let device = Device::new(DeviceType::CUDA_HOST, 0);
-        // SAFETY: the buffer holds the whole extent, element 0 at `first`, and
-        // is the owner; it is page-locked host memory, readable and writable.
-        unsafe { export_raw(buffer, base.wrapping_add(first).cast(), layout_of(view, device), padded) }?
+        let layout = RawLayout { device: Device::new(DeviceType::CUDA_HOST, 0), ..layout };
+        // SAFETY: the buffer holds the staged elements, element 0 at `first_byte`,
+        // and is the owner; it is page-locked host memory, readable and writable.
+        let staged: Owned<M> = unsafe { export_raw(buffer, base.wrapping_add(first_byte).cast(), layout, padded) }?;
+        return compact_pinned(staged, device_id, padded);
+    }
+    let mut buffer = crate::AlignedBuffer::zeroed(len)?;
+    let base = buffer.as_mut_slice().as_mut_ptr();
+    if len > 0 {
+        copy_into(base)?;
+    }
+    // SAFETY: as above, in ordinary memory that the buffer owns.
+    let staged: Owned<M> = unsafe { export_raw(buffer, base.wrapping_add(first_byte).cast(), layout, padded) }?;
+    let mut owned = if staged.view().is_c_contiguous() { staged } else { crate::to_contiguous(staged.view())? };
+    owned.mark_copied();
+    Ok(owned)
+}
+
+/// `staged`, pinned memory in any layout, as a pinned copy whose elements do
+/// not share memory: as it is when dense, else made C-contiguous in fresh
+/// pinned memory. IS_COPIED is set.
+fn compact_pinned<M: ManagedAbi>(staged: Owned<M>, device_id: i32, padded: u64) -> Result<Owned<M>, Error> {
+    let mut owned = if is_dense(staged.view()) { staged } else { pinned_copy_of_host(staged.view(), device_id, padded)? };
+    owned.mark_copied();
+    Ok(owned)
+}
+
+/// A pinned copy of CPU-accessible data: its extent when dense (the layout
+/// kept), else C-contiguous. IS_COPIED is set.
+fn pinned_copy_of_host<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32, padded: u64) -> Result<Owned<M>, Error> {
+    let contiguous;
+    let (source, layout_view) = if is_dense(view) {
+        (view, view)
     } else {
-        let mut buffer = crate::AlignedBuffer::zeroed(len)?;
-        let base = buffer.as_mut_slice().as_mut_ptr();
-        if len > 0 {
-            copy_into(base)?;
-        }
-        // SAFETY: as above, in ordinary memory that the buffer owns.
-        let staged: Owned<M> = unsafe { export_raw(buffer, base.wrapping_add(first).cast(), layout_of(view, Device::CPU), padded) }?;
-        if staged.view().is_c_contiguous() {
-            staged
-        } else {
-            crate::to_contiguous(staged.view())?
-        }
+        contiguous = crate::to_contiguous::<DLManagedTensorVersioned>(view)?;
+        (contiguous.view(), contiguous.view())
     };
+    let (_, len, first) = extent(source);
+    let buffer = PinnedBuffer::new(device_id, len)?;
+    let base = buffer.ptr.as_ptr();
+    if len > 0 {
+        // SAFETY: the source's extent is readable host memory (validated), and
+        // `base` has room for `len` bytes of a fresh, separate allocation.
+        unsafe { core::ptr::copy_nonoverlapping(source.as_ptr().cast::<u8>().wrapping_sub(first), base, len) };
+    }
+    let layout = layout_of(layout_view, Device::new(DeviceType::CUDA_HOST, 0));
+    // SAFETY: the buffer holds the whole extent, element 0 at `first`, and is the
+    // owner; it is page-locked host memory, readable and writable.
+    let mut owned: Owned<M> = unsafe { export_raw(buffer, base.wrapping_add(first).cast(), layout, padded) }?;
     owned.mark_copied();
     Ok(owned)
 }
 
 /// A CUDA copy, on `device_id`, of a CPU-accessible tensor: C-contiguous, in
-/// memory dlbridge allocated and its deleter frees. The copy is complete when
-/// this returns. IS_COPIED is set.
+/// memory dlbridge allocated and its deleter frees. Copied with the driver's
+/// synchronous copy, which from pageable memory may return before the DMA
+/// lands: the copy is then ready on the legacy default stream (1), not
+/// complete. IS_COPIED is set.
 pub fn to_device<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32) -> Result<Owned<M>, Error> {
     let padded = padded_flags::<M>(view)?;
     let contiguous;
     let view = if view.is_c_contiguous() {
         view
     } else {
-        contiguous = crate::to_contiguous::<crate::ffi::DLManagedTensorVersioned>(view)?;
+        contiguous = crate::to_contiguous::<DLManagedTensorVersioned>(view)?;
         contiguous.view()
     };
     let bytes = view.try_as_bytes()?;
-    let buffer = DeviceBuffer::new(device_id, bytes.len())?;
+    let (src, len) = (bytes.as_ptr() as usize, bytes.len());
+    let buffer = DeviceBuffer::new(device_id, len)?;
     let ptr = buffer.ptr;
-    if !bytes.is_empty() {
-        // SAFETY: `bytes.len()` readable host bytes into a fresh allocation of that size.
-        in_context(device_id, |api| check("cuMemcpyHtoD", unsafe { (api.memcpy_htod)(ptr, bytes.as_ptr().cast(), bytes.len()) }))?;
+    if len > 0 {
+        // SAFETY: `len` readable host bytes (the view's, kept alive by the
+        // caller; passed as an address, since another thread may run while the
+        // call blocks) into a fresh allocation of that size.
+        in_context(device_id, |api| host_side(api, || check("cuMemcpyHtoD", unsafe { (api.memcpy_htod)(ptr, core::ptr::with_exposed_provenance(src), len) })))?;
     }
     let layout = RawLayout { strides: None, ..layout_of(view, Device::cuda(device_id)) };
     // SAFETY: device memory of the view's contiguous size, owned by the buffer;
@@ -216,11 +268,14 @@ pub fn to_device<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32) -> Result
 }
 
 /// A copy of a CUDA tensor in fresh memory of the same kind on the same
-/// device, with the same layout. Device memory is copied on `ready` (the
-/// stream its data is ready on, which the copy is then ready on too), with no
-/// host synchronisation. Managed memory is copied by the host once the host
-/// has waited for `ready`, into managed memory: the copy is then complete for
-/// any consumer, host or device. IS_COPIED is set.
+/// device. Device memory is copied on `ready` (the stream its data is ready
+/// on, which the copy is then ready on too), with no host synchronisation:
+/// the extent with the same layout when dense, the elements gathered into a
+/// compact layout when thin; a broadcast (whose copy must not share
+/// elements) goes through pinned host memory, complete when this returns.
+/// Managed memory is copied by the host once the host has waited for
+/// `ready`, into managed memory: the copy is then complete for any consumer,
+/// host or device. IS_COPIED is set.
 ///
 /// # Safety
 /// As [`to_host`], for `ready`.
@@ -231,22 +286,88 @@ pub unsafe fn copy_on_device<M: ManagedAbi>(view: &TensorView<'_>, ready: Option
     }
     require_cuda(view)?;
     let padded = padded_flags::<M>(view)?;
-    let (start, len, first) = extent(view);
     let device_id = view.device().device_id;
+    let gather = match device_copy(view) {
+        DeviceCopy::Extent => None,
+        DeviceCopy::Gather(g) => Some(g),
+        // SAFETY: forwarded from the caller.
+        DeviceCopy::ThroughHost => return unsafe { copy_through_host(view, ready, padded) },
+    };
+    let (len, strides, first_byte) = staging(view, gather.as_ref());
     let buffer = DeviceBuffer::new(device_id, len)?;
     let dst = buffer.ptr;
     if len > 0 {
         let stream = queue_on(ready);
         in_context(device_id, |api| {
-            // SAFETY: both extents are `len` bytes of device memory (the source by
-            // the producer's promise), on the stream the source is ready on.
-            let code = unsafe { (api.memcpy_dtod_async)(dst, start as DevicePtr, len, stream) };
-            check("cuMemcpyDtoDAsync", code)
+            // SAFETY: both sides are device memory (the source by the producer's
+            // promise, the destination `len` fresh bytes), on the stream the
+            // source is ready on.
+            unsafe {
+                match &gather {
+                    Some(g) => queue_gather(api, g, view.as_ptr() as usize, dst as usize, true, stream),
+                    None => {
+                        let (start, _, _) = extent(view);
+                        check("cuMemcpyDtoDAsync", (api.memcpy_dtod_async)(dst, start as DevicePtr, len, stream_handle(stream)))
+                    }
+                }
+            }
         })?;
     }
+    let data = core::ptr::without_provenance_mut((dst as usize).wrapping_add(first_byte));
+    let layout = RawLayout { strides: Some(&strides), ..layout_of(view, Device::cuda(device_id)) };
+    // SAFETY: the buffer holds the copied elements, element 0 at `first_byte`.
+    let mut owned: Owned<M> = unsafe { export_raw(buffer, data, layout, padded) }?;
+    owned.mark_copied();
+    Ok(owned)
+}
+
+/// How a device copy is made.
+enum DeviceCopy {
+    /// The byte extent, the layout kept: dense, or with gaps but no shared elements.
+    Extent,
+    /// The elements alone, into a compact layout.
+    Gather(Gather),
+    /// A broadcast, made contiguous on the host.
+    ThroughHost,
+}
+
+fn device_copy(view: &TensorView<'_>) -> DeviceCopy {
+    if is_dense(view) {
+        return DeviceCopy::Extent;
+    }
+    if let Some(g) = thin_gather(view).filter(|g| g.distinct) {
+        return DeviceCopy::Gather(g);
+    }
+    if view.is_non_overlapping() {
+        return DeviceCopy::Extent;
+    }
+    // Overlapping elements (a sliding window) get places of their own.
+    match element_bytes(view).and_then(|size| gather::plan(view.shape(), view.strides(), size, MAX_GATHER_COPIES)) {
+        Some(g) if g.distinct => DeviceCopy::Gather(g),
+        _ => DeviceCopy::ThroughHost,
+    }
+}
+
+/// [`copy_on_device`] through pinned host memory: a compact host copy, then
+/// a synchronous copy from pinned memory, complete when it returns.
+///
+/// # Safety
+/// As [`to_host`], for `ready`.
+unsafe fn copy_through_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, padded: u64) -> Result<Owned<M>, Error> {
+    let device_id = view.device().device_id;
+    // SAFETY: forwarded from the caller.
+    let host: Owned<DLManagedTensorVersioned> = unsafe { to_host(view, ready, true) }?;
+    let (start, len, first) = extent(host.view());
+    let buffer = DeviceBuffer::new(device_id, len)?;
+    let dst = buffer.ptr;
+    if len > 0 {
+        // SAFETY: `len` bytes of pinned memory that `host` owns, into fresh device memory.
+        in_context(device_id, |api| host_side(api, || check("cuMemcpyHtoD", unsafe { (api.memcpy_htod)(dst, core::ptr::with_exposed_provenance(start), len) })))?;
+    }
+    let layout = layout_of(host.view(), Device::cuda(device_id));
     let data = core::ptr::without_provenance_mut((dst as usize).wrapping_add(first));
-    // SAFETY: the buffer holds the whole extent, element 0 at `first`.
-    let mut owned: Owned<M> = unsafe { export_raw(buffer, data, layout_of(view, Device::cuda(device_id)), padded) }?;
+    // SAFETY: the buffer holds the host copy's extent, element 0 at `first`.
+    let mut owned: Owned<M> = unsafe { export_raw(buffer, data, layout, padded) }?;
     owned.mark_copied();
     Ok(owned)
 }
@@ -262,13 +383,21 @@ unsafe fn copy_managed<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>)
         // SAFETY: forwarded from the caller.
         unsafe { wait_on_host(device_id, ready) }?;
     }
+    let contiguous;
+    let view = if is_dense(view) {
+        view
+    } else {
+        contiguous = crate::to_contiguous::<DLManagedTensorVersioned>(view)?;
+        contiguous.view()
+    };
     let (_, len, first) = extent(view);
     let buffer = DeviceBuffer::new_managed(device_id, len)?;
     // Managed memory comes from the driver as an address: exposed to Rust here.
     let dst: *mut u8 = core::ptr::with_exposed_provenance_mut(buffer.ptr as usize);
     if len > 0 {
         // SAFETY: the view's extent is host-readable managed memory (validated,
-        // and waited for above); `dst` is a fresh allocation of `len` bytes.
+        // and waited for above) or a host copy of it; `dst` is a fresh
+        // allocation of `len` bytes.
         unsafe { core::ptr::copy_nonoverlapping(view.as_ptr().cast::<u8>().wrapping_sub(first), dst, len) };
     }
     let device = Device::new(DeviceType::CUDA_MANAGED, device_id);

@@ -1,14 +1,52 @@
-//! The driver API functions dlbridge calls, with the real signatures
-//! (`CUresult` as `u32`, handles as pointers-sized values).
+//! The driver API functions dlbridge calls for initialisation, contexts,
+//! events and streams, with the real signatures (`CUresult` as `u32`, handles
+//! as pointer-sized values); `memory.rs` has the rest.
 
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void, CStr};
 
+use crate::capture::{CAPTURED_EVENT, CAPTURE_UNSUPPORTED, THREAD_MODE};
+use crate::timeline::{run_all_of, run_to, StreamKey};
 use crate::*;
 
-const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: u32 = 9;
 
+#[repr(C)]
+struct DlInfo {
+    fname: *const c_char,
+    fbase: *mut c_void,
+    sname: *const c_char,
+    saddr: *mut c_void,
+}
+
+#[link(name = "dl")]
+extern "C" {
+    fn dladdr(address: *const c_void, info: *mut DlInfo) -> i32;
+}
+
+/// Whether this copy of the library is the file `FAKE_CUDA_STUB` names: a
+/// toolkit stub, whose `cuInit` says CUDA_ERROR_STUB_LIBRARY.
+fn is_stub() -> bool {
+    let Some(stub) = std::env::var_os("FAKE_CUDA_STUB") else { return false };
+    let mut info = DlInfo { fname: std::ptr::null(), fbase: std::ptr::null_mut(), sname: std::ptr::null(), saddr: std::ptr::null_mut() };
+    // SAFETY: asks the loader which file holds this function; `info` is writable.
+    if unsafe { dladdr(cuInit as *const c_void, &mut info) } == 0 || info.fname.is_null() {
+        return false;
+    }
+    // SAFETY: the loader's NUL-terminated file name.
+    let own = unsafe { CStr::from_ptr(info.fname) }.to_string_lossy().into_owned();
+    let canonical = |p: &std::path::Path| std::fs::canonicalize(p).ok();
+    canonical(std::path::Path::new(&own)) == canonical(std::path::Path::new(&stub))
+}
+
+/// `FAKE_CUDA_INIT_RESULT`: a `cuInit` failure to report (100: no device, ...).
 #[no_mangle]
 pub extern "C" fn cuInit(_flags: u32) -> CuResult {
+    if is_stub() {
+        return STUB_LIBRARY;
+    }
+    if let Some(code) = std::env::var("FAKE_CUDA_INIT_RESULT").ok().and_then(|v| v.parse::<u32>().ok()).filter(|&c| c != 0) {
+        return code;
+    }
+    with_state(|s| s.initialized = true);
     SUCCESS
 }
 
@@ -16,225 +54,275 @@ pub extern "C" fn cuInit(_flags: u32) -> CuResult {
 /// `device` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut i32, ordinal: i32) -> CuResult {
-    if !(0..DEVICES).contains(&ordinal) {
-        return INVALID_DEVICE;
-    }
-    // SAFETY: the caller's out pointer.
-    unsafe { *device = ordinal };
-    SUCCESS
+    result((|| {
+        initialized()?;
+        if !(0..DEVICES).contains(&i64::from(ordinal)) {
+            return Err(INVALID_DEVICE);
+        }
+        // SAFETY: the caller's out pointer.
+        unsafe { *device = ordinal };
+        Ok(())
+    })())
 }
 
+/// Retains (and activates) the device's primary context.
+///
 /// # Safety
 /// `context` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(context: *mut usize, device: i32) -> CuResult {
-    if !(0..DEVICES).contains(&device) {
-        return INVALID_DEVICE;
-    }
-    // SAFETY: the caller's out pointer.
-    unsafe { *context = context_handle(device) };
-    SUCCESS
+    result((|| {
+        initialized()?;
+        let device = i64::from(device);
+        if !(0..DEVICES).contains(&device) {
+            return Err(INVALID_DEVICE);
+        }
+        let handle = with_state(|s| {
+            let c = &mut s.contexts[device as usize];
+            c.retains += 1;
+            context_handle(device, c.generation)
+        });
+        // SAFETY: the caller's out pointer.
+        unsafe { *context = handle };
+        Ok(())
+    })())
+}
+
+/// Releases a retain; the last one destroys the context.
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(device: i32) -> CuResult {
+    result((|| {
+        initialized()?;
+        with_state(|s| {
+            let c = s.contexts.get_mut(device as usize).ok_or(INVALID_DEVICE)?;
+            c.retains = c.retains.checked_sub(1).ok_or(INVALID_CONTEXT)?;
+            if c.retains == 0 {
+                c.generation += 1;
+            }
+            Ok(())
+        })
+    })())
 }
 
 #[no_mangle]
 pub extern "C" fn cuCtxPushCurrent_v2(context: usize) -> CuResult {
-    if !(0..DEVICES).any(|d| context_handle(d) == context) {
-        return INVALID_CONTEXT;
-    }
-    CONTEXTS.with(|c| c.borrow_mut().push(context));
-    SUCCESS
+    result((|| {
+        initialized()?;
+        parse_context(context).ok_or(INVALID_CONTEXT)?;
+        CONTEXTS.with(|c| c.borrow_mut().push(context));
+        Ok(())
+    })())
 }
 
 /// # Safety
 /// `context` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxPopCurrent_v2(context: *mut usize) -> CuResult {
-    match CONTEXTS.with(|c| c.borrow_mut().pop()) {
-        Some(popped) => {
-            if !context.is_null() {
-                // SAFETY: the caller's out pointer.
-                unsafe { *context = popped };
-            }
-            SUCCESS
+    result((|| {
+        initialized()?;
+        let popped = CONTEXTS.with(|c| c.borrow_mut().pop()).ok_or(INVALID_CONTEXT)?;
+        if !context.is_null() {
+            // SAFETY: the caller's out pointer.
+            unsafe { *context = popped };
         }
-        None => INVALID_CONTEXT,
-    }
+        Ok(())
+    })())
+}
+
+/// # Safety
+/// `context` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(context: *mut usize) -> CuResult {
+    result((|| {
+        initialized()?;
+        // SAFETY: the caller's out pointer.
+        unsafe { *context = CONTEXTS.with(|c| c.borrow().last().copied()).unwrap_or(0) };
+        Ok(())
+    })())
+}
+
+/// # Safety
+/// `device` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice(device: *mut i32) -> CuResult {
+    result((|| {
+        initialized()?;
+        let current = context()?;
+        // SAFETY: the caller's out pointer.
+        unsafe { *device = current as i32 };
+        Ok(())
+    })())
+}
+
+/// The current context's device and the queue `stream` names in it.
+pub(crate) fn stream_in_context(stream: usize) -> Result<(i64, StreamKey), CuResult> {
+    initialized()?;
+    let device = context()?;
+    Ok((device, with_state(|s| s.resolve(stream, device))?))
 }
 
 /// # Safety
 /// `event` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventCreate(event: *mut i64, flags: u32) -> CuResult {
-    let Ok(device) = context() else { return INVALID_CONTEXT };
-    let id = with_state(|s| {
-        let id = s.next_event;
-        s.next_event += 1;
-        s.events.insert(id, (flags, device));
-        id
-    });
-    log(Kind::EventCreate, id, i64::from(flags));
-    // SAFETY: the caller's out pointer.
-    unsafe { *event = id };
-    SUCCESS
-}
-
-/// As the driver: the event must belong to the current context.
-#[no_mangle]
-pub extern "C" fn cuEventRecord(event: i64, stream: usize) -> CuResult {
     result((|| {
+        initialized()?;
         let device = context()?;
-        let stream = check_stream(stream)?;
-        match with_state(|s| s.events.get(&event).copied()) {
-            Some((_, made_in)) if made_in == device => {}
-            _ => return Err(INVALID_HANDLE),
-        }
-        log(Kind::EventRecord, event, stream);
+        let id = with_state(|s| {
+            let id = s.next_event;
+            s.next_event += 1;
+            s.events.insert(id, Event { device, record: None, captured: None });
+            id
+        });
+        log(Kind::EventCreate, id, i64::from(flags));
+        // SAFETY: the caller's out pointer.
+        unsafe { *event = id };
         Ok(())
     })())
 }
 
-/// As the driver: a stream may wait for an event of any context.
+/// As the driver: the event and the stream belong to the current context.
 #[no_mangle]
-pub extern "C" fn cuStreamWaitEvent(stream: usize, event: i64, _flags: u32) -> CuResult {
+pub extern "C" fn cuEventRecord(event: i64, stream: usize) -> CuResult {
     result((|| {
-        context()?;
-        let stream = check_stream(stream)?;
-        if !with_state(|s| s.events.contains_key(&event)) {
-            return Err(INVALID_HANDLE);
-        }
-        log(Kind::StreamWait, stream, event);
+        let (device, key) = stream_in_context(stream)?;
+        with_state(|s| {
+            if s.events.get(&event).is_none_or(|e| e.device != device) {
+                return Err(INVALID_HANDLE);
+            }
+            s.check_legacy_use(key, false)?;
+            let (at, capture) = {
+                let q = s.queue(key);
+                (q.len(), q.capture)
+            };
+            if let Some(id) = capture {
+                if !s.captures.contains_key(&id) {
+                    return Err(capture::CAPTURE_INVALIDATED);
+                }
+            }
+            if let Some(e) = s.events.get_mut(&event) {
+                (e.record, e.captured) = match capture {
+                    Some(id) => (None, Some(id)),
+                    None => (Some((key, at)), None),
+                };
+            }
+            Ok(())
+        })?;
+        log(Kind::EventRecord, event, stream as i64);
+        Ok(())
+    })())
+}
+
+/// As the driver: a stream may wait for an event of any context; capture
+/// rules apply (see `capture.rs`).
+#[no_mangle]
+pub extern "C" fn cuStreamWaitEvent(stream: usize, event: i64, flags: u32) -> CuResult {
+    result((|| {
+        let (_, key) = stream_in_context(stream)?;
+        with_state(|s| {
+            s.check_legacy_use(key, false)?;
+            s.wait_event(key, event, flags)
+        })?;
+        log(Kind::StreamWait, stream as i64, event);
         Ok(())
     })())
 }
 
 #[no_mangle]
 pub extern "C" fn cuEventDestroy_v2(event: i64) -> CuResult {
-    if with_state(|s| s.events.remove(&event)).is_none() {
-        return INVALID_HANDLE;
-    }
-    log(Kind::EventDestroy, event, 0);
-    SUCCESS
+    result((|| {
+        initialized()?;
+        with_state(|s| s.events.remove(&event)).ok_or(INVALID_HANDLE)?;
+        log(Kind::EventDestroy, event, 0);
+        Ok(())
+    })())
+}
+
+/// A host wait for an event's latest record (a potentially unsafe call).
+#[no_mangle]
+pub extern "C" fn cuEventSynchronize(event: i64) -> CuResult {
+    result((|| {
+        initialized()?;
+        let record = with_state(|s| {
+            s.check_unsafe_call()?;
+            match s.events.get(&event) {
+                None => Err(INVALID_HANDLE),
+                Some(e) if e.captured.is_some_and(|id| s.captures.contains_key(&id)) => Err(CAPTURED_EVENT),
+                Some(e) => Ok(e.record),
+            }
+        })?;
+        if let Some((key, at)) = record {
+            run_to(key, at);
+        }
+        blocking_delay();
+        log(Kind::EventSync, event, 0);
+        Ok(())
+    })())
+}
+
+/// SUCCESS when an event's latest record is complete, NOT_READY otherwise.
+#[no_mangle]
+pub extern "C" fn cuEventQuery(event: i64) -> CuResult {
+    result((|| {
+        initialized()?;
+        with_state(|s| {
+            s.check_unsafe_call()?;
+            let e = s.events.get(&event).ok_or(INVALID_HANDLE)?;
+            if e.captured.is_some_and(|id| s.captures.contains_key(&id)) {
+                return Err(CAPTURED_EVENT);
+            }
+            match e.record {
+                Some((key, at)) if s.queues.get(&key).is_some_and(|q| q.done < at) => Err(NOT_READY),
+                _ => Ok(()),
+            }
+        })
+    })())
 }
 
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(stream: usize) -> CuResult {
     result((|| {
-        context()?;
-        log(Kind::StreamSync, check_stream(stream)?, 0);
+        let (_, key) = stream_in_context(stream)?;
+        with_state(|s| {
+            s.check_legacy_use(key, false)?;
+            s.check_unsafe_call()?;
+            if let Some(id) = s.queue(key).capture {
+                s.invalidate(id);
+                return Err(CAPTURE_UNSUPPORTED);
+            }
+            Ok(())
+        })?;
+        run_all_of(key);
+        blocking_delay();
+        log(Kind::StreamSync, stream as i64, 0);
         Ok(())
     })())
 }
 
 /// # Safety
-/// `data` has room for an int.
+/// `status` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, pointer: u64) -> CuResult {
-    if attribute != CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL {
-        return INVALID_VALUE;
-    }
-    if with_state(|s| s.strict_pointer_queries) && current_device().is_none() {
-        return INVALID_CONTEXT;
-    }
-    let found = range_of(pointer as usize, 1).map(|(_, place)| place).filter(|&place| place >= 0);
-    log(Kind::PointerQuery, pointer as i64, found.unwrap_or(-1));
-    match found {
-        Some(device) => {
-            // SAFETY: the caller's out value.
-            unsafe { *data.cast::<i32>() = device as i32 };
-            SUCCESS
-        }
-        None => INVALID_VALUE,
-    }
-}
-
-/// # Safety
-/// `ptr` is writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut u64, len: usize) -> CuResult {
-    let Ok(device) = context() else { return INVALID_CONTEXT };
-    match allocate(len, device, Kind::Alloc) {
-        Ok(address) => {
-            // SAFETY: the caller's out pointer.
-            unsafe { *ptr = address as u64 };
-            SUCCESS
-        }
-        Err(code) => code,
-    }
-}
-
-/// # Safety
-/// `ptr` is writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocManaged(ptr: *mut u64, len: usize, flags: u32) -> CuResult {
-    let Ok(device) = context() else { return INVALID_CONTEXT };
-    if flags != 1 && flags != 2 {
-        return INVALID_VALUE; // CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST
-    }
-    match allocate(len, device, Kind::AllocManaged) {
-        Ok(address) => {
-            // SAFETY: the caller's out pointer.
-            unsafe { *ptr = address as u64 };
-            SUCCESS
-        }
-        Err(code) => code,
-    }
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemFree_v2(ptr: u64) -> CuResult {
-    result(free(ptr as usize, Kind::Alloc, Kind::Free))
-}
-
-/// # Safety
-/// `ptr` is writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocHost_v2(ptr: *mut *mut c_void, len: usize) -> CuResult {
-    if context().is_err() {
-        return INVALID_CONTEXT;
-    }
-    match allocate(len, PINNED, Kind::AllocHost) {
-        Ok(address) => {
-            // SAFETY: the caller's out pointer.
-            unsafe { *ptr = address as *mut c_void };
-            SUCCESS
-        }
-        Err(code) => code,
-    }
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CuResult {
-    result(free(ptr as usize, Kind::AllocHost, Kind::FreeHost))
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, len: usize, stream: usize) -> CuResult {
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: usize, status: *mut u32) -> CuResult {
     result((|| {
-        context()?;
-        let stream = check_stream(stream)?;
-        copy(dst as usize, src as usize, len, true, false)?;
-        log(Kind::CopyDeviceToHost, stream, len as i64);
+        let (_, key) = stream_in_context(stream)?;
+        let value = with_state(|s| {
+            s.check_legacy_use(key, true)?;
+            Ok::<u32, CuResult>(s.capture_status(key))
+        })?;
+        // SAFETY: the caller's out value.
+        unsafe { *status = value };
         Ok(())
     })())
 }
 
+/// # Safety
+/// `mode` is readable and writable.
 #[no_mangle]
-pub extern "C" fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, len: usize) -> CuResult {
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CuResult {
     result((|| {
-        context()?;
-        copy(dst as usize, src as usize, len, false, true)?;
-        log(Kind::CopyHostToDevice, 0, len as i64);
-        Ok(())
-    })())
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemcpyDtoDAsync_v2(dst: u64, src: u64, len: usize, stream: usize) -> CuResult {
-    result((|| {
-        context()?;
-        let stream = check_stream(stream)?;
-        copy(dst as usize, src as usize, len, true, true)?;
-        log(Kind::CopyDeviceToDevice, stream, len as i64);
+        initialized()?;
+        // SAFETY: the caller's in/out value.
+        unsafe { *mode = THREAD_MODE.with(|m| m.replace(*mode)) };
         Ok(())
     })())
 }

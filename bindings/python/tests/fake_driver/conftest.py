@@ -18,7 +18,8 @@ _DRIVER = None
 @pytest.fixture
 def driver():
     """The fake, with an empty log; afterwards no context may be left pushed, no event alive, and
-    every allocation the test caused must have been given back."""
+    every allocation the test caused must have been given back. All queued work is completed before
+    the memory tests registered is forgotten (and may go away)."""
     global _DRIVER
     if _DRIVER is None:
         from fake_cuda import FakeDriver
@@ -29,7 +30,9 @@ def driver():
     _DRIVER.clear()
     yield _DRIVER
     _DRIVER.strict_pointer_queries(False)
+    _DRIVER.sync_delay(0)
     gc.collect()
+    _DRIVER.run_all()
     assert _DRIVER.context_depth() == 0, "a context pushed and never popped"
     assert _DRIVER.live_events() == 0, "an event never destroyed"
     assert _DRIVER.live_allocations() == allocations, "device or pinned memory never freed"

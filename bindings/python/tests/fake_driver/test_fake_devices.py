@@ -52,3 +52,93 @@ def test_a_driver_that_wants_a_context_for_pointer_queries_gets_the_claimed_devi
     y = DunderProducer(device=(2, 0), make=lambda: driver.device_fake([1.0], (1,), device=(2, 1)))
     with pytest.raises(BufferError, match="its memory is on cuda:1"):
         dlbridge.from_dlpack(y)
+
+
+def fresh(code):
+    """Runs `code` in a new process with the same fake driver (whose counters start at zero there)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    prelude = "import ctypes, numpy as np, dlbridge\nlib = ctypes.CDLL('libcuda.so.1')\n"
+    result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
+                            env=os.environ, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_no_other_devices_context_is_woken():
+    """L5: a process that uses device 1 only never retains device 0's context: not for pinned
+    copies of host data, not for pointer queries of a driver that wants a context."""
+    fresh("""
+        d = dlbridge.from_dlpack(np.arange(4.0), device=(2, 1))
+        p = dlbridge.from_dlpack(np.arange(4.0), device=(3, 0))
+        assert p.tolist() == [0.0, 1.0, 2.0, 3.0]
+        lib.fake_cuda_set_strict_pointer_queries(True)
+
+        class Cai:
+            __cuda_array_interface__ = {"shape": (4,), "typestr": "<f8", "data": (d.data_ptr, False), "version": 3}
+
+        assert dlbridge.asarray(Cai()).device == (2, 1)
+        del p
+        assert lib.fake_cuda_primary_retains(0) == 0, "device 0's context was woken"
+        assert lib.fake_cuda_primary_retains(1) == 1, "retained once for the process"
+    """)
+
+
+@pytest.mark.parametrize("kind, device", [(0, (2, 1)), (1, (3, 0)), (2, (13, 1))], ids=["device", "pinned", "managed"])
+def test_cuda_array_interface_pointers_are_labelled_by_what_the_driver_says(driver, kind, device):
+    values = np.arange(4, dtype=np.float32)
+    driver.register(values.ctypes.data, values.nbytes, 1, kind)
+
+    class Cai:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (values.ctypes.data, False), "version": 3}
+
+    assert dlbridge.asarray(Cai()).device == device
+
+
+def test_a_cuda_array_interface_pointer_the_driver_does_not_know_is_refused(driver):
+    """L5: not silently labelled cuda:0."""
+    values = np.arange(4, dtype=np.float32)  # pageable host memory: no CUDA memory
+
+    class Cai:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (values.ctypes.data, False), "version": 3}
+
+    with pytest.raises(BufferError, match="does not know as CUDA memory"):
+        dlbridge.asarray(Cai())
+
+
+def test_a_pinned_cuda_array_interface_with_a_stream_is_waited_for_by_the_host(driver):
+    """Pinned memory has no streams in DLPack: the host waits for the interface's stream."""
+    S = driver.stream(device=1)
+    values = np.zeros(4, dtype=np.float32)
+    driver.register(values.ctypes.data, values.nbytes, 1, 1)
+    driver.fill(S, values.ctypes.data, 4, 3.0, device=1)
+
+    class Cai:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (values.ctypes.data, False), "version": 3, "stream": S}
+
+    t = dlbridge.asarray(Cai())
+    assert t.device == (3, 0) and t.__dlpack_device__() == (3, 0)
+    assert np.asarray(t).tolist() == [3.0] * 4
+
+
+def test_a_context_another_library_reset_is_retained_again():
+    """A primary context reset (cuDevicePrimaryCtxReset) destroys what it held; the next call that
+    meets it fails with CUDA_ERROR_CONTEXT_IS_DESTROYED, says so, and the one after works again."""
+    fresh("""
+        import gc
+        t = dlbridge.from_dlpack(np.arange(3.0), device=(2, 0))
+        lib.fake_cuda_primary_reset(0)
+        try:
+            dlbridge.from_dlpack(np.arange(3.0), device=(2, 0))
+        except BufferError as e:
+            assert "709 (CUDA_ERROR_CONTEXT_IS_DESTROYED)" in str(e), e
+        else:
+            raise AssertionError("no error after the reset")
+        del t  # its memory went with the context: freeing it fails quietly
+        gc.collect()
+        u = dlbridge.from_dlpack(np.arange(3.0), device=(2, 0))
+        assert dlbridge.from_dlpack(u, device="cpu").tolist() == [0.0, 1.0, 2.0]
+    """)

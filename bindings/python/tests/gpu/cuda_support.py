@@ -3,7 +3,7 @@ GPU sleep, and small readers that do not depend on the code under test.
 
 Every test module here starts with `torch = require_cuda()`, which skips the whole module (not
 each test) when torch is missing or sees no CUDA device, so the folder sits in the normal test tree
-and a CPU machine reports it as skipped."""
+and a CPU machine reports it as skipped. With DLBRIDGE_REQUIRE_GPU=1 it fails instead."""
 
 import ctypes
 import os
@@ -13,12 +13,25 @@ import pytest
 # DLPack device types.
 CPU, CUDA, CUDA_HOST = 1, 2, 3
 
+# Set by scripts/gpu-test.sh: a GPU machine, where nothing may be skipped.
+REQUIRED = os.environ.get("DLBRIDGE_REQUIRE_GPU") == "1"
+
+
+def skip_or_fail(reason):
+    """Skips (the whole module at import time), or fails when DLBRIDGE_REQUIRE_GPU=1."""
+    if REQUIRED:
+        pytest.fail(f"{reason}, and DLBRIDGE_REQUIRE_GPU=1 forbids skipping", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
 
 def require_cuda():
     """torch, or a module-level skip when it is missing or has no CUDA device."""
-    torch = pytest.importorskip("torch", reason="the GPU suite needs torch")
+    try:
+        import torch
+    except ImportError as e:
+        skip_or_fail(f"the GPU suite needs torch: {e}")
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA device (torch.cuda.is_available() is False)", allow_module_level=True)
+        skip_or_fail("no CUDA device (torch.cuda.is_available() is False)")
     return torch
 
 
