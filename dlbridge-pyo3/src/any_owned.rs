@@ -85,22 +85,6 @@ impl AnyOwned {
         }
     }
 
-    /// [`try_view_mut`](Self::try_view_mut) without the aliasing check.
-    ///
-    /// # Safety
-    /// As [`dlbridge::Owned::try_view_mut_unchecked`].
-    pub(crate) unsafe fn try_view_mut_unchecked(&mut self) -> Result<TensorViewMut<'_>, Error> {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            match self {
-                AnyOwned::Versioned(t) => t.try_view_mut_unchecked(),
-                AnyOwned::Legacy(t) => t.try_view_mut_unchecked(),
-                AnyOwned::Object(t) if t.read_only => Err(Error::ReadOnly),
-                AnyOwned::Object(t) => TensorViewMut::from_view_unchecked(t.view.clone()),
-            }
-        }
-    }
-
     /// The view with typed reads allowed.
     ///
     /// # Safety

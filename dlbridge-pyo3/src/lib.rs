@@ -76,7 +76,10 @@ mod tensor;
 mod testing;
 mod writability;
 
-pub use args::{PyTensor, PyTensorMut};
+pub use args::{
+    AnyDevice, AnyDtype, AnyLayout, AnyRank, CContiguous, Cpu, Cuda, DeviceKind, Dtype, FContiguous, LayoutKind, PyTensor, PyTensorMut,
+    Rank,
+};
 pub use borrows::ReadGuard;
 pub use any_owned::{AnyOwned, ObjectTensor};
 pub use convert::parse_device;

@@ -78,9 +78,9 @@ fn _argument_ready_stream(x: &Bound<'_, PyAny>, stream: Option<i64>, writable: b
     let stream = stream.map(|s| unsafe { dlbridge::streams::Stream::from_raw(s) });
     Ok(match (writable, stream) {
         (false, None) => x.extract::<crate::PyTensor<'_>>()?.ready_stream(),
-        (false, Some(s)) => crate::PyTensor::extract_on_stream(x, s)?.ready_stream(),
+        (false, Some(s)) => <crate::PyTensor>::extract_on_stream(x, s)?.ready_stream(),
         (true, None) => x.extract::<crate::PyTensorMut<'_>>()?.ready_stream(),
-        (true, Some(s)) => crate::PyTensorMut::extract_on_stream(x, s)?.ready_stream(),
+        (true, Some(s)) => <crate::PyTensorMut>::extract_on_stream(x, s)?.ready_stream(),
     })
 }
 

@@ -106,13 +106,13 @@ fn an_extension_extracts_a_tensor_on_its_own_stream() {
             Some(&locals),
         )?;
         let p = locals.get_item("p")?.expect("p");
-        let x = PyTensor::extract_on_stream(&p, stream(7))?;
+        let x = <PyTensor>::extract_on_stream(&p, stream(7))?;
         assert_eq!(x.ready_stream(), Some(7), "the producer ordered its work before stream 7");
         drop(x);
         let x: PyTensor<'_> = p.extract()?;
         assert_eq!(x.ready_stream(), Some(1), "by default, the legacy default stream");
         drop(x);
-        let y = PyTensorMut::extract_on_stream(&p, stream(9))?;
+        let y = <PyTensorMut>::extract_on_stream(&p, stream(9))?;
         assert_eq!(y.ready_stream(), Some(9));
         drop(y);
         let streams: Vec<i64> = p.getattr("streams")?.extract()?;
@@ -123,10 +123,10 @@ fn an_extension_extracts_a_tensor_on_its_own_stream() {
         let legacy = Some(dlbridge::streams::Stream::CUDA_LEGACY);
         let ours = Bound::new(py, cuda_labelled_tensor()?.with_ready_stream(legacy)?)?;
         assert_eq!(ours.extract::<PyTensor<'_>>()?.ready_stream(), Some(1));
-        assert_eq!(PyTensor::extract_on_stream(ours.as_any(), stream(1))?.ready_stream(), Some(1));
-        assert_eq!(PyTensor::extract_on_stream(ours.as_any(), dlbridge::streams::Stream::NO_SYNC)?.ready_stream(), None);
+        assert_eq!(<PyTensor>::extract_on_stream(ours.as_any(), stream(1))?.ready_stream(), Some(1));
+        assert_eq!(<PyTensor>::extract_on_stream(ours.as_any(), dlbridge::streams::Stream::NO_SYNC)?.ready_stream(), None);
         if dlbridge::cuda::driver_available().is_err() {
-            let err = PyTensor::extract_on_stream(ours.as_any(), stream(7)).err().expect("an event needs the driver");
+            let err = <PyTensor>::extract_on_stream(ours.as_any(), stream(7)).err().expect("an event needs the driver");
             assert!(err.to_string().contains("CUDA is not available"), "{err}");
             // No other handle is kept: work pending on it is kept as an event, which needs the driver.
             let err = cuda_labelled_tensor()?.with_ready_stream(Some(stream(5))).err().expect("an event needs the driver");
@@ -134,11 +134,11 @@ fn an_extension_extracts_a_tensor_on_its_own_stream() {
         }
         let inner = locals.get_item("inner")?.expect("inner");
         assert_eq!(inner.extract::<PyTensor<'_>>()?.ready_stream(), None, "no pending work");
-        assert_eq!(PyTensor::extract_on_stream(&inner, stream(7))?.ready_stream(), None, "nothing to wait for");
+        assert_eq!(<PyTensor>::extract_on_stream(&inner, stream(7))?.ready_stream(), None, "nothing to wait for");
 
         // CPU memory has no streams.
         let bytes = PyByteArray::new(py, &[1, 2]);
-        let err = PyTensor::extract_on_stream(bytes.as_any(), stream(7)).err().expect("no streams on the CPU");
+        let err = <PyTensor>::extract_on_stream(bytes.as_any(), stream(7)).err().expect("no streams on the CPU");
         assert!(err.is_instance_of::<pyo3::exceptions::PyValueError>(py), "{err}");
         assert_eq!(bytes.as_any().extract::<PyTensor<'_>>()?.ready_stream(), None);
         Ok(())

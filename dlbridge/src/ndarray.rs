@@ -35,16 +35,20 @@ fn placement<T: Element>(view: &TensorView<'_>) -> (*const u8, u64) {
     (base, inverted)
 }
 
-/// `IxDyn` shape and absolute strides of a view.
-fn dyn_layout(view: &TensorView<'_>) -> (IxDyn, IxDyn) {
-    let shape = Small::from_fn(view.ndim(), |i| view.shape()[i] as usize);
-    let strides = Small::from_fn(view.ndim(), |i| view.strides()[i].unsigned_abs() as usize);
-    (IxDyn(shape.as_slice()), IxDyn(strides.as_slice()))
+/// Shape and absolute strides of a view as a `D` (whose rank the caller checked).
+fn layout_as<D: Dimension>(view: &TensorView<'_>) -> (D, D) {
+    let (mut shape, mut strides) = (D::zeros(view.ndim()), D::zeros(view.ndim()));
+    for (axis, (&dim, &stride)) in view.shape().iter().zip(view.strides()).enumerate() {
+        shape.slice_mut()[axis] = dim as usize;
+        strides.slice_mut()[axis] = stride.unsigned_abs() as usize;
+    }
+    (shape, strides)
 }
 
-fn invert<V>(array: &mut ndarray::ArrayBase<V, IxDyn>, inverted: u64)
+fn invert<V, D>(array: &mut ndarray::ArrayBase<V, D>, inverted: u64)
 where
     V: ndarray::RawData,
+    D: Dimension,
 {
     let mut bits = inverted;
     while bits != 0 {
@@ -65,23 +69,35 @@ impl<'a> TensorView<'a> {
     /// device, dtype, alignment and, for `bool`, that every byte is 0 or 1.
     pub fn try_as_array<T: Element, D: Dimension>(&self) -> Result<ArrayView<'a, T, D>, Error> {
         self.check_array::<T, D>()?;
-        let (base, inverted) = placement::<T>(self);
-        let (shape, strides) = dyn_layout(self);
         if T::DTYPE == crate::DataType::BOOL {
-            // SAFETY: the same layout, read as bytes: every bool is one byte, and
-            // validation proved every element readable for 'a.
-            let bytes = unsafe { ArrayView::<u8, IxDyn>::from_shape_ptr(shape.clone().strides(strides.clone()), base) };
+            // SAFETY: the same layout read as bytes (every bool is one byte): the
+            // checks above are those of `as_array_unchecked::<u8, _>`.
+            let bytes = unsafe { self.as_array_unchecked::<u8, IxDyn>() };
             if bytes.iter().any(|&b| b > 1) {
                 return Err(Error::InvalidValues { dtype: self.dtype() });
             }
         }
+        // SAFETY: every check of `try_as_array` just passed.
+        Ok(unsafe { self.as_array_unchecked() })
+    }
+
+    /// [`try_as_array`](Self::try_as_array) without its checks, for a view
+    /// already checked (a typed extension argument, checked at extraction).
+    ///
+    /// # Safety
+    /// `try_as_array::<T, D>()` must succeed on this view (or a clone of it):
+    /// host-readable, not aliased, of `T`'s dtype, aligned, of `D`'s rank and,
+    /// for `bool`, holding only 0 and 1.
+    pub unsafe fn as_array_unchecked<T: Element, D: Dimension>(&self) -> ArrayView<'a, T, D> {
+        let (base, inverted) = placement::<T>(self);
+        let (shape, strides) = layout_as::<D>(self);
         // SAFETY: validation proved every element the layout reaches is readable
         // for 'a; `base` is the lowest-address element, so with absolute strides
-        // every index lands on one of them. Type, alignment and values were checked.
-        let mut array = unsafe { ArrayView::<T, IxDyn>::from_shape_ptr(shape.strides(strides), base.cast()) };
+        // every index lands on one of them. Type, alignment, rank and values are
+        // the caller's promise.
+        let mut array = unsafe { ArrayView::<T, D>::from_shape_ptr(shape.strides(strides), base.cast()) };
         invert(&mut array, inverted);
-        let ndim = self.ndim();
-        array.into_dimensionality::<D>().map_err(|_| Error::RankMismatch { expected: D::NDIM.unwrap_or(ndim), found: ndim })
+        array
     }
 
     fn check_array<T: Element, D: Dimension>(&self) -> Result<(), Error> {
@@ -102,16 +118,34 @@ impl<'a> TensorViewMut<'a> {
     /// A mutable `ndarray` view; the checks of [`TensorView::try_as_array`] apply.
     pub fn try_as_array_mut<T: Element, D: Dimension>(&mut self) -> Result<ArrayViewMut<'_, T, D>, Error> {
         // Reading first runs every check, bool values included.
+        drop(self.view().try_as_array::<T, D>()?);
+        // SAFETY: every check just passed.
+        Ok(unsafe { self.as_array_mut_unchecked() })
+    }
+
+    /// [`try_as_array_mut`](Self::try_as_array_mut) without its checks.
+    ///
+    /// # Safety
+    /// As [`TensorView::as_array_unchecked`].
+    pub unsafe fn as_array_mut_unchecked<T: Element, D: Dimension>(&mut self) -> ArrayViewMut<'_, T, D> {
+        // SAFETY: forwarded from the caller; the array borrows `self` mutably.
+        unsafe { self.reborrow().into_array_mut_unchecked() }
+    }
+
+    /// Gives up the view for its elements as a mutable `ndarray` view for the
+    /// rest of `'a`, without the checks of [`try_as_array_mut`](Self::try_as_array_mut).
+    ///
+    /// # Safety
+    /// As [`TensorView::as_array_unchecked`].
+    pub unsafe fn into_array_mut_unchecked<T: Element, D: Dimension>(self) -> ArrayViewMut<'a, T, D> {
         let view = self.view();
-        let ndim = view.ndim();
-        drop(view.try_as_array::<T, D>()?);
         let (base, inverted) = placement::<T>(view);
-        let (shape, strides) = dyn_layout(view);
-        // SAFETY: as in `as_array`; the memory is writable and unaliased
-        // (guaranteed by `TensorViewMut`), and `&mut self` is the only borrow.
-        let mut array = unsafe { ArrayViewMut::<T, IxDyn>::from_shape_ptr(shape.strides(strides), base.cast_mut().cast()) };
+        let (shape, strides) = layout_as::<D>(view);
+        // SAFETY: as in `as_array_unchecked`; the memory is writable and unaliased
+        // (guaranteed by `TensorViewMut`), and `self` is given up: the only borrow.
+        let mut array = unsafe { ArrayViewMut::<T, D>::from_shape_ptr(shape.strides(strides), base.cast_mut().cast()) };
         invert(&mut array, inverted);
-        array.into_dimensionality::<D>().map_err(|_| Error::RankMismatch { expected: D::NDIM.unwrap_or(ndim), found: ndim })
+        array
     }
 }
 

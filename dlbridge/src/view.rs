@@ -377,13 +377,24 @@ impl<'a> TensorView<'a> {
         if !T::bit_patterns_valid(bytes) {
             return Err(Error::InvalidValues { dtype: self.dtype });
         }
+        // SAFETY: every check of `try_as_slice` passed.
+        Ok(unsafe { self.as_slice_unchecked() })
+    }
+
+    /// [`try_as_slice`](Self::try_as_slice) without its checks, for a view
+    /// already checked (a typed extension argument, checked at extraction).
+    ///
+    /// # Safety
+    /// `try_as_slice::<T>()` must succeed on this view (or a clone of it):
+    /// C-contiguous, host-readable, not aliased, of `T`'s dtype, aligned, and
+    /// holding only valid `T` values.
+    pub unsafe fn as_slice_unchecked<T: Element>(&self) -> &'a [T] {
         if self.numel == 0 {
-            return Ok(&[]);
+            return &[];
         }
-        // SAFETY: `bytes` holds numel * size_of::<T>() readable bytes (dtype checked,
-        // and `Element` ties its bits to T's size), aligned for T (checked), all of
-        // them valid T values (checked just above).
-        Ok(unsafe { core::slice::from_raw_parts(self.ptr.cast::<T>(), self.numel) })
+        // SAFETY: the caller's promise: numel * size_of::<T>() readable bytes
+        // (`Element` ties T's size to the dtype), aligned, valid T values.
+        unsafe { core::slice::from_raw_parts(self.ptr.cast::<T>(), self.numel) }
     }
 }
 

@@ -65,6 +65,16 @@ impl<'a> TensorViewMut<'a> {
         Self::from_view(view.unaliased())
     }
 
+    /// [`from_view_unchecked`](Self::from_view_unchecked) without the overlap
+    /// check, for a view already checked.
+    ///
+    /// # Safety
+    /// As [`from_view_unchecked`](Self::from_view_unchecked), and no two
+    /// indices may reach the same element ([`TensorView::is_non_overlapping`]).
+    pub unsafe fn new_unchecked(view: TensorView<'a>) -> Self {
+        TensorViewMut { view: view.unaliased(), _data: PhantomData }
+    }
+
     /// Upgrades a view the caller is entitled to write through.
     pub(crate) fn from_view(view: TensorView<'a>) -> Result<Self, Error> {
         if !view.is_non_overlapping() {
@@ -97,14 +107,38 @@ impl<'a> TensorViewMut<'a> {
 
     /// Like [`as_slice_mut`](Self::as_slice_mut), with the reason for a refusal.
     pub fn try_as_slice_mut<T: Element>(&mut self) -> Result<&mut [T], Error> {
-        let len = self.view.try_as_slice::<T>()?.len();
+        self.view.try_as_slice::<T>()?;
+        // SAFETY: every check just passed.
+        Ok(unsafe { self.as_slice_mut_unchecked() })
+    }
+
+    /// [`try_as_slice_mut`](Self::try_as_slice_mut) without its checks.
+    ///
+    /// # Safety
+    /// As [`TensorView::as_slice_unchecked`].
+    pub unsafe fn as_slice_mut_unchecked<T: Element>(&mut self) -> &mut [T] {
+        // SAFETY: forwarded from the caller; the slice borrows `self` mutably.
+        unsafe { self.reborrow().into_slice_mut_unchecked() }
+    }
+
+    /// A mutable view for as long as `self` is borrowed mutably.
+    pub fn reborrow(&mut self) -> TensorViewMut<'_> {
+        TensorViewMut { view: self.view.clone(), _data: PhantomData }
+    }
+
+    /// Gives up the view for its elements as a mutable slice for the rest of
+    /// `'a`, without the checks of [`try_as_slice_mut`](Self::try_as_slice_mut).
+    ///
+    /// # Safety
+    /// As [`TensorView::as_slice_unchecked`].
+    pub unsafe fn into_slice_mut_unchecked<T: Element>(mut self) -> &'a mut [T] {
+        let len = self.view.len();
         if len == 0 {
-            return Ok(&mut []);
+            return &mut [];
         }
-        // SAFETY: `try_as_slice` proved the layout, type, alignment and values;
-        // `TensorViewMut`'s construction proved the memory writable and unaliased
-        // for 'a, and `&mut self` makes this the only borrow: shared borrows from
-        // `view()` end before it.
-        Ok(unsafe { core::slice::from_raw_parts_mut(self.as_mut_ptr().cast::<T>(), len) })
+        // SAFETY: the caller's promise covers the layout, type, alignment and
+        // values; `TensorViewMut`'s construction proved the memory writable and
+        // unaliased for 'a, and `self` is given up, so this is the only borrow.
+        unsafe { core::slice::from_raw_parts_mut(self.as_mut_ptr().cast::<T>(), len) }
     }
 }

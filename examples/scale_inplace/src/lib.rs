@@ -1,26 +1,30 @@
 //! An extension that takes any framework's tensor as an argument and returns a
-//! dlbridge tensor, written with `dlbridge-pyo3`.
-use dlbridge_pyo3::{to_py_err, PyTensor, PyTensorMut, Tensor};
-use ndarray::IxDyn;
+//! dlbridge tensor, written with `dlbridge-pyo3`'s typed arguments: the type
+//! says what the function takes, and a mismatch is a TypeError naming both.
+use dlbridge_pyo3::{CContiguous, Cpu, PyTensor, PyTensorMut, Tensor};
+use ndarray::{Axis, Ix2, IxDyn};
 use pyo3::prelude::*;
 
-/// Multiplies every element of a float32 tensor by `factor`, in place, in the
-/// caller's own memory (NumPy array, torch tensor, ...): any layout, negative
-/// strides included. Read-only memory (and memory whose producer could not say
-/// it is writable) is refused with BufferError.
+/// Multiplies every element of a float32 CPU tensor by `factor`, in place, in
+/// the caller's own memory (NumPy array, torch tensor, ...): any rank and
+/// layout, negative strides included. Read-only memory (and memory whose
+/// producer could not say it is writable) is refused with BufferError.
 #[pyfunction]
-fn scale(mut x: PyTensorMut<'_>, factor: f32) -> PyResult<()> {
-    let mut view = x.view_mut()?;
-    let mut array = view.try_as_array_mut::<f32, IxDyn>().map_err(to_py_err)?;
-    array.mapv_inplace(|v| v * factor);
-    Ok(())
+fn scale(mut x: PyTensorMut<'_, f32, IxDyn, Cpu>, factor: f32) {
+    x.as_array_mut().mapv_inplace(|v| v * factor);
 }
 
-/// The sum of a float32 tensor, read without copying.
+/// The sum of a float32 CPU tensor, read without copying.
 #[pyfunction]
-fn total(x: PyTensor<'_>) -> PyResult<f64> {
-    let array = x.view().try_as_array::<f32, IxDyn>().map_err(to_py_err)?;
-    Ok(array.iter().map(|&v| f64::from(v)).sum())
+fn total(x: PyTensor<'_, f32, IxDyn, Cpu>) -> f64 {
+    x.as_array().iter().map(|&v| f64::from(v)).sum()
+}
+
+/// The sum of each row of a float32 2-d C-contiguous CPU tensor, as a new
+/// tensor in Rust-owned memory.
+#[pyfunction]
+fn row_sums(x: PyTensor<'_, f32, Ix2, Cpu, CContiguous>) -> PyResult<Tensor> {
+    Tensor::from_array(x.as_array().sum_axis(Axis(1)))
 }
 
 /// `0, 1, ..., n-1` as float32 in Rust-owned memory, returned without copying.
@@ -33,6 +37,7 @@ fn arange(n: usize) -> PyResult<Tensor> {
 fn scale_inplace(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scale, m)?)?;
     m.add_function(wrap_pyfunction!(total, m)?)?;
+    m.add_function(wrap_pyfunction!(row_sums, m)?)?;
     m.add_function(wrap_pyfunction!(arange, m)?)?;
     Ok(())
 }

@@ -1,10 +1,16 @@
 """The example extension, called on NumPy and torch objects: its writes are seen in the caller's
 own object."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bindings" / "python" / "tests"))
+
+import dlbridge
 import scale_inplace
 
 
@@ -26,17 +32,80 @@ def test_scales_torch_tensor_in_place():
 
 
 def test_refusals():
-    with pytest.raises(TypeError, match="expected dtype float32"):
+    with pytest.raises(TypeError, match="expected a float32 CPU tensor, got a numpy.ndarray of float64"):
         scale_inplace.scale(np.ones(3), 2.0)
     ro = np.ones(3, dtype=np.float32)
     ro.flags.writeable = False
-    with pytest.raises(BufferError, match="read-only"):
+    with pytest.raises(BufferError, match="read-only; pass a writable copy"):
         scale_inplace.scale(ro, 2.0)
     with pytest.raises(BufferError, match="overlap"):
         aliased = np.lib.stride_tricks.as_strided(np.ones(1, dtype=np.float32), shape=(4,), strides=(0,))
         scale_inplace.scale(aliased, 2.0)
     with pytest.raises(TypeError, match="cannot make a tensor"):
         scale_inplace.scale("not a tensor", 2.0)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: scale_inplace.scale(np.ones(3), 2.0),
+         "expected a float32 CPU tensor, got a numpy.ndarray of float64 with shape (3,) on cpu:0"),
+        (lambda: scale_inplace.total(torch.ones(2, 3, 4, dtype=torch.float64)),
+         "expected a float32 CPU tensor, got a torch.Tensor of float64 with shape (2, 3, 4) on cpu:0"),
+        (lambda: scale_inplace.row_sums(np.ones(3, np.float32)),
+         "expected a float32 2-d C-contiguous CPU tensor, got a numpy.ndarray of float32 with shape (3,) on cpu:0"),
+        (lambda: scale_inplace.row_sums(np.ones((2, 3), np.float32).T),
+         "expected a float32 2-d C-contiguous CPU tensor, got a numpy.ndarray of float32 with shape (3, 2), F-contiguous on cpu:0"),
+        (lambda: scale_inplace.row_sums(np.ones((2, 6), np.float32)[:, ::2]),
+         "expected a float32 2-d C-contiguous CPU tensor, got a numpy.ndarray of float32 with shape (2, 3), strided on cpu:0"),
+    ],
+    ids=["dtype", "dtype torch", "rank", "layout F", "layout strided"],
+)
+def test_a_mismatched_argument_is_a_type_error_that_names_both(call, message):
+    with pytest.raises(TypeError) as info:
+        call()
+    assert str(info.value) == message
+    assert info.value.__notes__ == ["while processing 'x'"], "PyO3 names the argument"
+
+
+def test_device_memory_is_not_a_cpu_argument():
+    from dlpack_ctypes import DLDevice, FakeProducer  # the package's test helpers
+
+    p = FakeProducer(values=(1.0, 2.0), shape=(2,))
+    p.tensor.device = DLDevice(2, 0)  # host memory labelled CUDA: never read
+    t = dlbridge.from_dlpack(p.capsule())
+    try:
+        scale_inplace.total(t)
+    except TypeError as err:
+        message = str(err)
+    # The fake producer's struct must outlive the tensor that owns it.
+    del t
+    assert message == "expected a float32 CPU tensor, got a dlbridge.Tensor of float32 with shape (2,) on cuda:0"
+
+
+def test_an_immutable_jax_array_is_told_to_pass_a_copy():
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(BufferError, match=r"legacy DLPack capsule.*pass a writable copy \(e.g. numpy.array\(x\)\)"):
+        scale_inplace.scale(jnp.ones(3, dtype=jnp.float32), 2.0)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax", "dlbridge"])
+def test_a_matching_argument_of_each_framework_is_read_without_a_copy(framework):
+    base = np.arange(6, dtype=np.float32).reshape(2, 3)
+    if framework == "torch":
+        x = torch.from_numpy(base)
+    elif framework == "jax":
+        jnp = pytest.importorskip("jax.numpy")
+        x = jnp.asarray(base)
+    elif framework == "dlbridge":
+        x = dlbridge.from_dlpack(base)
+    else:
+        x = base
+    assert scale_inplace.total(x) == 15.0
+    assert scale_inplace.row_sums(x).tolist() == [3.0, 12.0]
+    if framework in ("numpy", "torch", "dlbridge"):
+        scale_inplace.scale(x, 2.0)  # written in place: seen in the NumPy array underneath
+        assert base.tolist() == [[0, 2, 4], [6, 8, 10]]
 
 
 def test_reads_and_returns():

@@ -3,44 +3,59 @@
 //! `PyReadonlyArray` and `PyReadwriteArray`. Both hold a [borrow](crate::borrows)
 //! of the tensor's bytes for as long as they live.
 //!
+//! Both are typed when asked: `PyTensor<'py, f32, Ix2, Cpu, CContiguous>`
+//! takes only a float32 2-d C-contiguous CPU tensor (a TypeError at
+//! extraction names what was expected and what came), and then gives its
+//! `ndarray` view or slice with no further check (`typed.rs`). The defaults
+//! ([`AnyDtype`], [`AnyRank`], [`AnyDevice`], [`AnyLayout`]) take anything.
+//!
 //! On CUDA, each knows the stream its data is ready on ([`PyTensor::ready_stream`]):
 //! launch on it, or extract with `extract_on_stream(obj, your_stream)` to have
 //! your stream wait for the producer's work first (an event, no host sync).
 //! CUDA managed memory, which `view()` lets host code read, is waited for by
 //! the host at extraction.
 
+mod kinds;
+mod typed;
+
+use core::marker::PhantomData;
+
 use dlbridge::streams::Stream;
 use dlbridge::{DeviceType, TensorView, TensorViewMut};
-use pyo3::exceptions::PyBufferError;
+use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::Borrowed;
+
+pub use kinds::{AnyDevice, AnyDtype, AnyLayout, AnyRank, CContiguous, Cpu, Cuda, DeviceKind, Dtype, FContiguous, LayoutKind, Rank};
 
 use crate::borrows::{acquire, Borrow};
 use crate::capsule::AnyOwned;
 use crate::convert::type_name;
-use crate::errors::IntoPyResult;
 use crate::exchange;
 use crate::import::{from_dlpack, import_for_extension, settle, wait_if_managed, ImportOptions};
 use crate::tensor::Tensor;
 use crate::writability::Writability;
 
 /// A read-only argument that accepts any producer's tensor: DLPack objects and
-/// capsules, buffer-protocol exporters, and both array interfaces.
+/// capsules, buffer-protocol exporters, and both array interfaces; with type
+/// parameters, only tensors of that element type, rank, device and layout
+/// (see [`kinds`](self#kinds)).
 ///
 /// For types with the DLPack C exchange API (torch, dlbridge), the tensor is
 /// borrowed through the non-owning `dltensor_from_py_object_no_sync`: no
 /// allocation, no capsule, valid while the call runs.
 ///
 /// ```no_run
-/// use dlbridge_pyo3::{to_py_err, PyTensor};
+/// use dlbridge_pyo3::{Cpu, CContiguous, PyTensor};
 /// use pyo3::prelude::*;
 ///
+/// // Any float64 tensor: a TypeError names what came instead.
 /// #[pyfunction]
-/// fn total(x: PyTensor<'_>) -> PyResult<f64> {
-///     Ok(x.view().try_as_slice::<f64>().map_err(to_py_err)?.iter().sum())
+/// fn total(x: PyTensor<'_, f64, dlbridge_pyo3::AnyRank, Cpu, CContiguous>) -> f64 {
+///     x.as_slice().iter().sum()
 /// }
 /// ```
-pub struct PyTensor<'py> {
+pub struct PyTensor<'py, T: Dtype = AnyDtype, D: Rank = AnyRank, Dev: DeviceKind = AnyDevice, L: LayoutKind = AnyLayout> {
     /// Readable under `_borrow`. Its `'static` is private: the data lives as
     /// long as `owned` (or `source`, for a borrowed fill), and the view is only
     /// handed out reborrowed from `&self`.
@@ -50,7 +65,11 @@ pub struct PyTensor<'py> {
     source: Bound<'py, PyAny>,
     ready: Option<i64>,
     _borrow: Borrow,
+    _kind: Kind<T, D, Dev, L>,
 }
+
+/// What a typed argument's parameters asked for, carried in its type only.
+type Kind<T, D, Dev, L> = PhantomData<fn() -> (T, D, Dev, L)>;
 
 /// `owned`'s view with typed reads allowed, for as long as `owned` lives.
 ///
@@ -64,7 +83,7 @@ unsafe fn view_under_borrow(owned: &AnyOwned) -> TensorView<'static> {
     unsafe { core::mem::transmute::<TensorView<'_>, TensorView<'static>>(owned.view_unchecked()) }
 }
 
-impl<'py> PyTensor<'py> {
+impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D, Dev, L> {
     /// The validated view, readable (slices, arrays) while the argument lives.
     pub fn view(&self) -> &TensorView<'_> {
         &self.view
@@ -102,7 +121,7 @@ impl<'py> PyTensor<'py> {
     ///     // SAFETY: the caller passes a live CUstream of x's device (the
     ///     // protocols hand streams over as raw integers).
     ///     let stream = unsafe { Stream::from_raw(handle) };
-    ///     let x = PyTensor::extract_on_stream(x, stream)?;
+    ///     let x = <PyTensor>::extract_on_stream(x, stream)?;
     ///     let _data = x.view().as_ptr(); // queue kernels on `handle` here
     ///     Ok(())
     /// }
@@ -147,21 +166,25 @@ impl<'py> PyTensor<'py> {
                 // header says a borrower launches its kernels.
                 let ready = if requested.is_some() { settle(view.device(), ready, requested)? } else { ready };
                 wait_if_managed(view.device(), ready)?;
+                check_kind::<T, D, Dev, L>(&view, &source)?;
                 let borrow = acquire(&view, false, || type_name(&source))?;
-                return Ok(PyTensor { view, owned: None, source, ready, _borrow: borrow });
+                T::check_elements(&view).map_err(|err| element_error::<T, D, Dev, L>(&view, &source, err))?;
+                return Ok(PyTensor { view, owned: None, source, ready, _borrow: borrow, _kind: PhantomData });
             }
         }
         let (owned, ready) = import_for_extension(&source, stream)?;
+        check_kind::<T, D, Dev, L>(owned.view(), &source)?;
         wait_if_managed(owned.view().device(), ready)?;
         let borrow = acquire(owned.view(), false, || type_name(&source))?;
         // SAFETY: the shared borrow just taken lives as long as the PyTensor,
         // and so does `owned`, which keeps the data alive.
         let view = unsafe { view_under_borrow(&owned) };
-        Ok(PyTensor { view, owned: Some(owned), source, ready, _borrow: borrow })
+        T::check_elements(&view).map_err(|err| element_error::<T, D, Dev, L>(&view, &source, err))?;
+        Ok(PyTensor { view, owned: Some(owned), source, ready, _borrow: borrow, _kind: PhantomData })
     }
 }
 
-impl<'a, 'py> FromPyObject<'a, 'py> for PyTensor<'py> {
+impl<'a, 'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> FromPyObject<'a, 'py> for PyTensor<'py, T, D, Dev, L> {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
@@ -170,7 +193,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyTensor<'py> {
 }
 
 /// A writable argument: the caller's own memory (a NumPy array, a torch
-/// tensor, a bytearray), written in place.
+/// tensor, a bytearray), written in place; typed as [`PyTensor`] is.
 ///
 /// Refused with BufferError, saying why, unless the producer declared the
 /// memory writable: READ_ONLY set, a read-only buffer, an array interface with
@@ -179,41 +202,48 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyTensor<'py> {
 /// another argument of the same call already borrows.
 ///
 /// ```no_run
-/// use dlbridge_pyo3::{to_py_err, PyTensorMut};
+/// use dlbridge_pyo3::{AnyRank, CContiguous, Cpu, PyTensorMut};
 /// use pyo3::prelude::*;
 ///
 /// #[pyfunction]
-/// fn double(mut x: PyTensorMut<'_>) -> PyResult<()> {
-///     for v in x.view_mut()?.try_as_slice_mut::<f32>().map_err(to_py_err)? {
+/// fn double(mut x: PyTensorMut<'_, f32, AnyRank, Cpu, CContiguous>) {
+///     for v in x.as_slice_mut() {
 ///         *v *= 2.0;
 ///     }
-///     Ok(())
 /// }
 /// ```
-pub struct PyTensorMut<'py> {
+pub struct PyTensorMut<'py, T: Dtype = AnyDtype, D: Rank = AnyRank, Dev: DeviceKind = AnyDevice, L: LayoutKind = AnyLayout> {
     /// For reads between writes; `'static` is private, as in [`PyTensor`].
     view: TensorView<'static>,
-    owned: AnyOwned,
+    /// Keeps the data alive.
+    _owned: AnyOwned,
     source: Bound<'py, PyAny>,
     ready: Option<i64>,
     _borrow: Borrow,
+    _kind: Kind<T, D, Dev, L>,
 }
 
-impl<'py> PyTensorMut<'py> {
+impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T, D, Dev, L> {
     /// A read-only view, for shape, strides and reads: its slices end before
     /// the next [`view_mut`](Self::view_mut).
     pub fn view(&self) -> &TensorView<'_> {
         &self.view
     }
 
-    /// The writable view; writes are seen in the caller's own object.
+    /// The writable view; writes are seen in the caller's own object. (Python
+    /// code the extension itself runs meanwhile is outside what Rust can see;
+    /// see `borrows`.)
     pub fn view_mut(&mut self) -> PyResult<TensorViewMut<'_>> {
+        Ok(self.writable())
+    }
+
+    /// The writable view, infallibly: extraction checked that the memory is
+    /// writable and its elements do not overlap.
+    fn writable(&mut self) -> TensorViewMut<'_> {
         // SAFETY: `self` holds an exclusive borrow of these bytes in the registry,
-        // so no other PyTensor or PyTensorMut reaches them while the view lives,
-        // and `&mut self` makes the view the only one from here. (Python code the
-        // extension itself runs meanwhile is outside what Rust can see; see
-        // `borrows`.)
-        unsafe { self.owned.try_view_mut_unchecked() }.py()
+        // and `&mut self` makes the result the only path to them while it lives;
+        // writability and non-overlap were checked at extraction.
+        unsafe { TensorViewMut::new_unchecked(self.view.clone()) }
     }
 
     /// The Python object the tensor came from.
@@ -236,39 +266,75 @@ impl<'py> PyTensorMut<'py> {
         crate::gil::release_in_driver_calls();
         let source = obj.clone();
         let (owned, ready) = import_for_extension(&source, stream)?;
+        check_kind::<T, D, Dev, L>(owned.view(), &source)?;
         wait_if_managed(owned.view().device(), ready)?;
-        let refusal = match Writability::of(&owned) {
-            Writability::Writable => None,
-            Writability::ReadOnly => Some("its producer marked it read-only"),
-            Writability::Unknown => {
-                Some("it came through a legacy DLPack capsule, which cannot say whether writes are allowed")
-            }
-        };
-        if let Some(why) = refusal {
+        if let Some(why) = write_refusal(&owned) {
             return Err(PyBufferError::new_err(format!("cannot borrow this {} as writable: {why}", type_name(&source))));
-        }
-        if owned.is_copied() {
-            return Err(PyBufferError::new_err(format!(
-                "cannot borrow this {} as writable: its producer handed over a copy (IS_COPIED), so writes would be lost",
-                type_name(&source)
-            )));
-        }
-        if !owned.view().is_non_overlapping() {
-            return Err(PyBufferError::new_err(format!(
-                "cannot borrow this {} as writable: its elements overlap in memory (a broadcast)",
-                type_name(&source)
-            )));
         }
         let borrow = acquire(owned.view(), true, || type_name(&source))?;
         // SAFETY: the exclusive borrow just taken lives as long as the
         // PyTensorMut, and so does `owned`; reads through this view and writes
         // through `view_mut` need `&self` and `&mut self`, so never overlap.
         let view = unsafe { view_under_borrow(&owned) };
-        Ok(PyTensorMut { view, owned, source, ready, _borrow: borrow })
+        T::check_elements(&view).map_err(|err| element_error::<T, D, Dev, L>(&view, &source, err))?;
+        Ok(PyTensorMut { view, _owned: owned, source, ready, _borrow: borrow, _kind: PhantomData })
     }
 }
 
-impl<'a, 'py> FromPyObject<'a, 'py> for PyTensorMut<'py> {
+/// Why `owned` may not be written, with what to do instead; `None` if it may.
+fn write_refusal(owned: &AnyOwned) -> Option<&'static str> {
+    match Writability::of(owned) {
+        Writability::Writable => {}
+        Writability::ReadOnly => return Some("its producer marked it read-only; pass a writable copy (e.g. numpy.array(x))"),
+        Writability::Unknown => {
+            return Some(
+                "it came through a legacy DLPack capsule, which cannot say whether writes are allowed \
+                 (JAX and TensorFlow arrays are immutable); pass a writable copy (e.g. numpy.array(x))",
+            )
+        }
+    }
+    if owned.is_copied() {
+        return Some("its producer handed over a copy (IS_COPIED), so writes would be lost; pass memory the caller owns");
+    }
+    if !owned.view().is_non_overlapping() {
+        return Some("its elements overlap in memory (a broadcast); pass a copy (e.g. numpy.array(x))");
+    }
+    None
+}
+
+/// Refuses, with TypeError, a tensor that is not what the argument's type asks for.
+fn check_kind<T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind>(view: &TensorView<'_>, source: &Bound<'_, PyAny>) -> PyResult<()> {
+    match kinds::mismatch::<T, D, Dev, L>(view) {
+        None => Ok(()),
+        Some(_) => Err(PyTypeError::new_err(format!("expected {}, got {}", kinds::expected::<T, D, Dev, L>(), described(view, source)))),
+    }
+}
+
+/// A tensor whose elements cannot be read as `T` (misaligned, or bytes that
+/// are no `bool`): a TypeError naming the argument's type, with the reason.
+fn element_error<T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind>(view: &TensorView<'_>, source: &Bound<'_, PyAny>, err: dlbridge::Error) -> PyErr {
+    PyTypeError::new_err(format!("expected {}, got {}: {err}", kinds::expected::<T, D, Dev, L>(), described(view, source)))
+}
+
+/// "a torch.Tensor of float64 with shape (2, 3, 4) on cuda:0".
+fn described(view: &TensorView<'_>, source: &Bound<'_, PyAny>) -> String {
+    let shape: Vec<String> = view.shape().iter().map(i64::to_string).collect();
+    let shape = if shape.len() == 1 { format!("({},)", shape[0]) } else { format!("({})", shape.join(", ")) };
+    let layout = if view.is_c_contiguous() { "" } else if view.is_f_contiguous() { ", F-contiguous" } else { ", strided" };
+    format!("a {} of {} with shape {shape}{layout} on {}", qualified_type_name(source), view.dtype(), view.device())
+}
+
+/// `module.Type` of an object, as Python users know it ("torch.Tensor", "numpy.ndarray").
+fn qualified_type_name(obj: &Bound<'_, PyAny>) -> String {
+    let ty = obj.get_type();
+    match (ty.module(), ty.name()) {
+        (Ok(module), Ok(name)) if module.to_cow().is_ok_and(|m| m != "builtins") => format!("{module}.{name}"),
+        (_, Ok(name)) => name.to_string(),
+        _ => "?".to_owned(),
+    }
+}
+
+impl<'a, 'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> FromPyObject<'a, 'py> for PyTensorMut<'py, T, D, Dev, L> {
     type Error = PyErr;
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
