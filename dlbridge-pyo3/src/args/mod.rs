@@ -39,7 +39,7 @@ use crate::writability::Writability;
 /// A read-only argument that accepts any producer's tensor: DLPack objects and
 /// capsules, buffer-protocol exporters, and both array interfaces; with type
 /// parameters, only tensors of that element type, rank, device and layout
-/// (see [`kinds`](self#kinds)).
+/// ([`Dtype`], [`Rank`], [`DeviceKind`], [`LayoutKind`]).
 ///
 /// For types with the DLPack C exchange API (torch, dlbridge), the tensor is
 /// borrowed through the non-owning `dltensor_from_py_object_no_sync`: no
