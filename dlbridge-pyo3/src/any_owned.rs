@@ -41,6 +41,12 @@ impl ObjectTensor {
         view.mark_aliased();
         ObjectTensor { view, read_only, _owner: PyOwner::new(obj) }
     }
+
+    /// The view, apart from the owner, to export the owner with: valid only
+    /// for as long as the owner lives, wherever it is moved.
+    pub(crate) fn detached_view(&self) -> TensorView<'static> {
+        self.view.clone()
+    }
 }
 
 impl AnyOwned {

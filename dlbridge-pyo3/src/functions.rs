@@ -4,11 +4,12 @@ use dlbridge::streams::Stream;
 use dlbridge::OwnedTensor;
 use pyo3::exceptions::{PyMemoryError, PyOverflowError};
 use pyo3::prelude::*;
+use pyo3::IntoPyObject;
 
 use crate::convert::{parse_device, parse_dtype, parse_shape};
 use crate::errors::IntoPyResult;
 use crate::import::{from_dlpack_ready, import_any_ready, ImportOptions};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorObject};
 
 /// `from_dlpack(x, /, *, device=None, copy=None, stream=None)`: a tensor from
 /// any DLPack producer or raw capsule (which is consumed). `stream` is the
@@ -35,11 +36,11 @@ pub(crate) fn py_from_dlpack(
 #[pyfunction]
 #[pyo3(signature = (obj, /, *, copy=None))]
 pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py<PyAny>> {
-    if copy != Some(true) && obj.cast_exact::<Tensor>().is_ok() {
+    if copy != Some(true) && obj.cast_exact::<TensorObject>().is_ok() {
         return Ok(obj.clone().unbind());
     }
     let (owned, ready) = import_any_ready(obj, ImportOptions { copy, ..ImportOptions::default() })?;
-    Ok(Bound::new(obj.py(), Tensor::new(owned).ready_on(ready)?)?.into_any().unbind())
+    Ok(Tensor::new(owned).ready_on(ready)?.into_pyobject(obj.py())?.unbind())
 }
 
 /// `empty(shape, dtype=None, *, shared=False)`: a CPU tensor whose memory Rust
@@ -54,7 +55,7 @@ pub(crate) fn empty<'py>(shape: &Bound<'py, PyAny>, dtype: Option<&Bound<'py, Py
         let make = py.import(pyo3::intern!(py, "dlbridge._shared"))?.getattr(pyo3::intern!(py, "empty"))?;
         return make.call1((shape, dtype));
     }
-    Ok(Bound::new(py, zeros(shape, dtype)?)?.into_any())
+    zeros(shape, dtype)?.into_pyobject(py)
 }
 
 /// `zeros(shape, dtype=None)`: a zero-filled CPU tensor whose memory Rust owns

@@ -87,7 +87,7 @@ pub use dlbridge;
 pub use errors::to_py_err;
 pub use import::{from_dlpack, from_dlpack_ready, import_any, import_any_ready, ImportOptions, Imported};
 pub use pyo3;
-pub use tensor::{DType, Tensor};
+pub use tensor::{DType, Tensor, TensorObject};
 pub use writability::Writability;
 
 use pyo3::prelude::*;
@@ -97,7 +97,9 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     // The process's borrow registry, published by the first extension that loads.
     borrows::prepare();
     gil::release_in_driver_calls();
-    module.add_class::<Tensor>()?;
+    module.add_class::<TensorObject>()?;
+    // This module's class is the one `dlbridge.Tensor` of the process.
+    tensor::publish(module)?;
     module.add_class::<DType>()?;
     module.add_function(wrap_pyfunction!(functions::py_from_dlpack, module)?)?;
     module.add_function(wrap_pyfunction!(functions::asarray, module)?)?;

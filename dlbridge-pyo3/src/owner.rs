@@ -96,6 +96,13 @@ impl<T> ExceptionSafe<T> {
     pub(crate) fn new(value: T) -> Self {
         ExceptionSafe(core::mem::ManuallyDrop::new(value))
     }
+
+    /// The value, to be dropped (or kept) by the caller.
+    pub(crate) fn into_inner(self) -> T {
+        let mut this = core::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped, so the value is taken out exactly once.
+        unsafe { core::mem::ManuallyDrop::take(&mut this.0) }
+    }
 }
 
 impl<T> core::ops::Deref for ExceptionSafe<T> {

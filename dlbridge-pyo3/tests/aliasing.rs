@@ -10,6 +10,7 @@ use dlbridge_pyo3::capsule::consume_capsule;
 use dlbridge_pyo3::import::{import_array_interface, import_buffer};
 use dlbridge_pyo3::{
     from_dlpack, from_dlpack_ready, import_any, import_any_ready, register, AnyOwned, ImportOptions, PyTensor, PyTensorMut, Tensor,
+    TensorObject,
 };
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
@@ -91,7 +92,7 @@ fn an_exclusive_borrow_excludes_every_reader_in_the_process() {
     with_python(|py| {
         let module = PyModule::new(py, "dlbridge_aliasing")?;
         register(&module)?;
-        let t = Bound::new(py, Tensor::from_vec(vec![0u8; 16], &[16])?)?;
+        let t = Bound::new(py, TensorObject::from(Tensor::from_vec(vec![0u8; 16], &[16])?))?;
         let bytes = PyByteArray::new(py, &[0u8; 16]);
         let mut x: PyTensorMut<'_> = t.as_any().extract()?;
         let mut y: PyTensorMut<'_> = bytes.as_any().extract()?;

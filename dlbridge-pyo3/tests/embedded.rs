@@ -2,7 +2,7 @@
 //! the writability rule and the capsule lifecycle, with no third-party library.
 
 use dlbridge::DataType;
-use dlbridge_pyo3::{from_dlpack, register, AnyOwned, ImportOptions, PyTensor, PyTensorMut, Tensor, Writability};
+use dlbridge_pyo3::{from_dlpack, register, AnyOwned, ImportOptions, PyTensor, PyTensorMut, Tensor, TensorObject, Writability};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyByteArray, PyBytes};
@@ -46,7 +46,7 @@ fn tensor_exports_and_reimports_through_a_capsule() {
     with_python(|py| {
         let module = PyModule::new(py, "dlbridge_embedded")?;
         register(&module)?;
-        let t = Bound::new(py, Tensor::from_vec(vec![1i32, 2, 3, 4, 5, 6], &[2, 3])?)?;
+        let t = Bound::new(py, TensorObject::from(Tensor::from_vec(vec![1i32, 2, 3, 4, 5, 6], &[2, 3])?))?;
         let capsule = t.call_method("__dlpack__", (), Some(&[("max_version", (1, 3))].into_py_dict(py)?))?;
         let owned = from_dlpack(&capsule, ImportOptions::default())?;
         assert!(matches!(owned, AnyOwned::Versioned(_)));
@@ -99,7 +99,7 @@ fn an_extension_extracts_a_tensor_on_its_own_stream() {
     with_python(|py| {
         let module = PyModule::new(py, "dlbridge_embedded")?;
         register(&module)?;
-        let locals = [("inner", Bound::new(py, cuda_labelled_tensor()?)?.into_any())].into_py_dict(py)?;
+        let locals = [("inner", Bound::new(py, TensorObject::from(cuda_labelled_tensor()?))?.into_any())].into_py_dict(py)?;
         py.run(
             c"class Producer:\n    def __init__(self, inner):\n        self.inner, self.streams = inner, []\n    def __dlpack_device__(self):\n        return (2, 0)\n    def __dlpack__(self, stream=None, **kw):\n        self.streams.append(stream)\n        return self.inner.__dlpack__(stream=-1, max_version=(1, 3))\np = Producer(inner)\n",
             None,
@@ -121,7 +121,7 @@ fn an_extension_extracts_a_tensor_on_its_own_stream() {
         // Our own Tensor is borrowed directly, ready on the legacy stream unless
         // another is asked for, which must then wait for it.
         let legacy = Some(dlbridge::streams::Stream::CUDA_LEGACY);
-        let ours = Bound::new(py, cuda_labelled_tensor()?.with_ready_stream(legacy)?)?;
+        let ours = Bound::new(py, TensorObject::from(cuda_labelled_tensor()?.with_ready_stream(legacy)?))?;
         assert_eq!(ours.extract::<PyTensor<'_>>()?.ready_stream(), Some(1));
         assert_eq!(<PyTensor>::extract_on_stream(ours.as_any(), stream(1))?.ready_stream(), Some(1));
         assert_eq!(<PyTensor>::extract_on_stream(ours.as_any(), dlbridge::streams::Stream::NO_SYNC)?.ready_stream(), None);

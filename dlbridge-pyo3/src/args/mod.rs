@@ -33,7 +33,7 @@ use crate::capsule::AnyOwned;
 use crate::convert::type_name;
 use crate::exchange;
 use crate::import::{from_dlpack, import_for_extension, settle, wait_if_managed, ImportOptions};
-use crate::tensor::Tensor;
+use crate::tensor::TensorObject;
 use crate::writability::Writability;
 
 /// A read-only argument that accepts any producer's tensor: DLPack objects and
@@ -146,7 +146,7 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
         let requested = stream.map(Stream::value);
         // A borrow without an export: our own Tensor directly, else through the
         // producer's table.
-        let borrowed = if let Ok(tensor) = source.cast_exact::<Tensor>() {
+        let borrowed = if let Ok(tensor) = source.cast_exact::<TensorObject>() {
             let tensor = tensor.get();
             Some((tensor.borrowed_dltensor(), tensor.stream_for(requested)?, tensor.view().is_subbyte_padded()))
         } else if let Some(table) = exchange::lookup(&source) {

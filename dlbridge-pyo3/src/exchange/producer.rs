@@ -21,7 +21,7 @@ use pyo3::prelude::*;
 use pyo3::{ffi, Borrowed};
 
 use crate::errors::{exception_name, to_py_err};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorObject};
 
 /// The name of the capsule that carries a `DLPackExchangeAPI`.
 pub const EXCHANGE_API_CAPSULE_NAME: &CStr = c"dlpack_exchange_api";
@@ -82,13 +82,13 @@ fn with_python(body: impl FnOnce(Python<'_>) -> PyResult<()>) -> c_int {
     })
 }
 
-fn our_tensor<'a, 'py>(py: Python<'py>, object: *mut c_void) -> PyResult<Borrowed<'a, 'py, Tensor>> {
+fn our_tensor<'a, 'py>(py: Python<'py>, object: *mut c_void) -> PyResult<Borrowed<'a, 'py, TensorObject>> {
     if object.is_null() {
         return Err(PyTypeError::new_err("NULL Python object passed to dlbridge's exchange API"));
     }
     // SAFETY: a non-NULL Python object from a caller that holds the GIL.
     let any = unsafe { Borrowed::from_ptr(py, object.cast::<ffi::PyObject>()) };
-    any.cast_exact::<Tensor>().map_err(|_| {
+    any.cast_exact::<TensorObject>().map_err(|_| {
         PyTypeError::new_err("dlbridge's exchange API was called with an object that is not a dlbridge.Tensor")
     })
 }
@@ -159,7 +159,7 @@ unsafe extern "C" fn managed_to_py_object(tensor: *mut DLManagedTensorVersioned,
         if out.is_null() {
             return Err(PyValueError::new_err("NULL out pointer"));
         }
-        let object = Bound::new(py, Tensor::new(owned))?;
+        let object = Bound::new(py, TensorObject::from(Tensor::new(owned)))?;
         // SAFETY: non-NULL and writable; the caller receives a new reference.
         unsafe { *out = object.into_ptr().cast() };
         Ok(())

@@ -37,7 +37,7 @@ use crate::capsule::{consume_capsule, is_capsule, AnyOwned};
 use crate::convert::type_name;
 use crate::errors::IntoPyResult;
 use crate::exchange;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorObject};
 
 /// What the caller asks of an import.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -217,7 +217,7 @@ pub fn from_dlpack_ready(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyRe
 fn import_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
     crate::gil::release_in_driver_calls();
     let finish = |imported, options| finish(imported, options, ready_on);
-    if let Ok(tensor) = obj.cast_exact::<Tensor>() {
+    if let Ok(tensor) = obj.cast_exact::<TensorObject>() {
         let ready = tensor.get().stream_for(options.stream.map(Stream::value))?;
         return finish((Tensor::share(tensor)?, ready), options);
     }
@@ -273,7 +273,7 @@ pub(crate) fn import_for_extension(obj: &Bound<'_, PyAny>, stream: Option<Stream
 fn import_anything(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
     crate::gil::release_in_driver_calls();
     let py = obj.py();
-    if obj.cast_exact::<Tensor>().is_ok() || is_capsule(obj) || has_dlpack(obj) {
+    if obj.cast_exact::<TensorObject>().is_ok() || is_capsule(obj) || has_dlpack(obj) {
         return import_dlpack(obj, options, ready_on);
     }
     // SAFETY: a type-slot check on a live object.

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use pyo3::ffi;
 
-use super::Tensor;
+use super::{Tensor, TensorObject};
 
 use ffi::{PyBUF_ANY_CONTIGUOUS, PyBUF_C_CONTIGUOUS, PyBUF_F_CONTIGUOUS};
 
@@ -40,7 +40,7 @@ fn check_request(tensor: &Tensor, view: &TensorView<'_>, flags: c_int) -> PyResu
 ///
 /// # Safety
 /// `out` must be the writable `Py_buffer` CPython passes to `bf_getbuffer`.
-pub(super) unsafe fn get_buffer(slf: Bound<'_, Tensor>, out: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+pub(super) unsafe fn get_buffer(slf: Bound<'_, TensorObject>, out: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
     // SAFETY: CPython passes a writable Py_buffer; `obj` must be NULL on failure.
     unsafe { (*out).obj = core::ptr::null_mut() };
     let tensor = slf.get();

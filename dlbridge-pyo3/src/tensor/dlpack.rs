@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyString, PyTuple};
 use pyo3::{ffi, intern, Borrowed};
 
-use super::Tensor;
+use super::{Tensor, TensorObject};
 use crate::capsule::into_capsule;
 use crate::convert::parse_device_tuple;
 use crate::errors::IntoPyResult;
@@ -144,7 +144,7 @@ impl Tensor {
 
     /// An owning versioned export sharing this tensor's memory, as
     /// `__dlpack__(max_version=(1, 3))` gives; for the exchange API.
-    pub(crate) fn export_versioned(slf: &Bound<'_, Self>) -> PyResult<OwnedTensor> {
+    pub(crate) fn export_versioned(slf: &Bound<'_, TensorObject>) -> PyResult<OwnedTensor> {
         let request = ExportRequest::unsynchronised(slf.get().view().device(), false);
         Self::export::<DLManagedTensorVersioned>(slf, &request)
     }
@@ -180,7 +180,7 @@ impl Tensor {
     }
 
     /// An owning legacy export sharing this tensor's memory.
-    pub(crate) fn export_legacy(slf: &Bound<'_, Self>) -> PyResult<dlbridge::OwnedLegacyTensor> {
+    pub(crate) fn export_legacy(slf: &Bound<'_, TensorObject>) -> PyResult<dlbridge::OwnedLegacyTensor> {
         let request = ExportRequest::unsynchronised(slf.get().view().device(), true);
         Self::export::<DLManagedTensor>(slf, &request)
     }
@@ -188,7 +188,7 @@ impl Tensor {
     /// A managed tensor of ABI `M` sharing this tensor's memory, or a fresh copy.
     /// For device memory, the consumer's stream is first made to wait for the
     /// data's (an event, no host sync), unless the request says not to.
-    fn export<M: ManagedAbi>(slf: &Bound<'_, Self>, request: &ExportRequest) -> PyResult<Owned<M>> {
+    fn export<M: ManagedAbi>(slf: &Bound<'_, TensorObject>, request: &ExportRequest) -> PyResult<Owned<M>> {
         let this = slf.get();
         let view = this.view();
         let own = view.device();
@@ -308,7 +308,7 @@ unsafe fn dlpack_body(
     // SAFETY: a method descriptor of Tensor only calls this with a Tensor `self`;
     // the arguments are those of this vectorcall.
     let (slf, [stream, max_version, dl_device, copy]) = unsafe {
-        (Borrowed::from_ptr(py, slf).cast_unchecked::<Tensor>(), dlpack_keywords(py, args, nargsf, kwnames)?)
+        (Borrowed::from_ptr(py, slf).cast_unchecked::<TensorObject>(), dlpack_keywords(py, args, nargsf, kwnames)?)
     };
     let request = slf.get().parse_request(stream.as_deref(), max_version.as_deref(), dl_device.as_deref(), copy.as_deref())?;
     let capsule = if request.legacy {

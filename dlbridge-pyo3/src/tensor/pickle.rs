@@ -26,7 +26,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use pyo3::{ffi, intern};
 
-use super::Tensor;
+use super::{Tensor, TensorObject};
 use crate::capsule::AnyOwned;
 use crate::convert::parse_dtype;
 use crate::errors::IntoPyResult;
@@ -122,7 +122,7 @@ fn check_cpu(this: &Tensor, what: &str) -> PyResult<()> {
 
 /// A one-dimensional `uint8` tensor over the bytes of a C-contiguous CPU
 /// tensor, sharing them (and their writability): what a `PickleBuffer` wraps.
-pub(super) fn bytes_view(slf: &Bound<'_, Tensor>) -> PyResult<Tensor> {
+pub(super) fn bytes_view(slf: &Bound<'_, TensorObject>) -> PyResult<Tensor> {
     let this = slf.get();
     this.check_host_access()?;
     let view = this.view();
@@ -140,7 +140,7 @@ pub(super) fn bytes_view(slf: &Bound<'_, Tensor>) -> PyResult<Tensor> {
 }
 
 /// `Tensor.__reduce_ex__(protocol)`.
-pub(super) fn reduce_ex<'py>(slf: &Bound<'py, Tensor>, protocol: i64) -> PyResult<Bound<'py, PyTuple>> {
+pub(super) fn reduce_ex<'py>(slf: &Bound<'py, TensorObject>, protocol: i64) -> PyResult<Bound<'py, PyTuple>> {
     let py = slf.py();
     let this = slf.get();
     let view = this.view();
@@ -157,30 +157,30 @@ pub(super) fn reduce_ex<'py>(slf: &Bound<'py, Tensor>, protocol: i64) -> PyResul
         this.wait_for_host()?;
         slf.clone()
     } else {
-        Bound::new(py, Tensor::with_writability(read::contiguous_copy(this)?.into(), this.writability))?
+        Bound::new(py, TensorObject::from(Tensor::with_writability(read::contiguous_copy(this)?.into(), this.writability)))?
     };
     let payload = if protocol >= 5 {
-        let bytes = Bound::new(py, bytes_view(&source)?)?;
+        let bytes = Bound::new(py, TensorObject::from(bytes_view(&source)?))?;
         py.import(intern!(py, "pickle"))?.getattr(intern!(py, "PickleBuffer"))?.call1((bytes,))?
     } else {
         read::to_bytes(py, source.get())?
     };
-    let rebuild = py.import(intern!(py, "dlbridge"))?.getattr(intern!(py, "_rebuild_tensor"))?;
+    let rebuild = super::import_package(py, "dlbridge", "pickling")?.getattr(intern!(py, "_rebuild_tensor"))?;
     let args = new::tuple(py, 5, [Ok(payload), Ok(dtype), Ok(shape), Ok(writability), Ok(padded)])?.into_any();
     new::tuple(py, 2, [Ok(rebuild), Ok(args)])
 }
 
 /// `copy.copy(t)` and `copy.deepcopy(t)`: the same dtype, shape, values and
 /// writability in new memory, C-contiguous; in a new segment for a shared tensor.
-pub(super) fn copy<'py>(slf: &Bound<'py, Tensor>) -> PyResult<Bound<'py, PyAny>> {
+pub(super) fn copy<'py>(slf: &Bound<'py, TensorObject>) -> PyResult<Bound<'py, PyAny>> {
     let py = slf.py();
     let this = slf.get();
     check_cpu(this, "copy")?;
     if this.origin.is_some() {
-        return py.import(intern!(py, "dlbridge._shared"))?.getattr(intern!(py, "share_memory"))?.call1((slf,));
+        return super::import_package(py, "dlbridge._shared", "copying a shared tensor")?.getattr(intern!(py, "share_memory"))?.call1((slf,));
     }
     let copied = read::contiguous_copy(this)?;
-    Ok(Bound::new(py, Tensor::with_writability(copied.into(), this.writability))?.into_any())
+    Ok(Bound::new(py, TensorObject::from(Tensor::with_writability(copied.into(), this.writability)))?.into_any())
 }
 
 /// `_rebuild_tensor(payload, dtype, shape, writability, padded, origin=None)`:

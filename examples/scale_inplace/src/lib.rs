@@ -27,6 +27,13 @@ fn row_sums(x: PyTensor<'_, f32, Ix2, Cpu, CContiguous>) -> PyResult<Tensor> {
     Tensor::from_array(x.as_array().sum_axis(Axis(1)))
 }
 
+/// The argument itself as a dlbridge tensor over the same memory, with the
+/// writability its producer gave (kept beyond the call).
+#[pyfunction]
+fn as_tensor(x: PyTensor<'_>) -> PyResult<Tensor> {
+    Ok(Tensor::new(x.into_owned()?))
+}
+
 /// `0, 1, ..., n-1` as float32 in Rust-owned memory, returned without copying.
 #[pyfunction]
 fn arange(n: usize) -> PyResult<Tensor> {
@@ -39,5 +46,6 @@ fn scale_inplace(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(total, m)?)?;
     m.add_function(wrap_pyfunction!(row_sums, m)?)?;
     m.add_function(wrap_pyfunction!(arange, m)?)?;
+    m.add_function(wrap_pyfunction!(as_tensor, m)?)?;
     Ok(())
 }

@@ -1,0 +1,199 @@
+//! One `dlbridge.Tensor` class for every extension in a process.
+//!
+//! Each extension that links dlbridge-pyo3 compiles its own copy of the
+//! `Tensor` class. So that a tensor returned by any of them is an instance of
+//! the `dlbridge` package's class (`isinstance(t, dlbridge.Tensor)`, and
+//! pickling that needs the package), the package publishes a C function that
+//! adopts a tensor into its class, `dlbridge._native._TENSOR_API`, as NumPy
+//! publishes its array API to rust-numpy; other extensions hand what they
+//! return to it. Without the package (or with one of an incompatible ABI), an
+//! extension's tensors are instances of its own class, which works
+//! everywhere DLPack does.
+
+use core::ffi::CStr;
+
+use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned};
+use dlbridge::{Owned, OwnedLegacyTensor, OwnedTensor};
+use pyo3::exceptions::{PyImportError, PySystemError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::{ffi, intern, IntoPyObject};
+
+use super::{Tensor, TensorObject};
+use crate::any_owned::AnyOwned;
+use crate::errors::IntoPyResult;
+use crate::writability::Writability;
+
+/// The capsule's name, and its attribute of `dlbridge._native`.
+const CAPSULE: &CStr = c"dlbridge._native._TENSOR_API";
+/// Changed only when a field's meaning changes; new fields are appended and counted by `size`.
+const ABI_MAJOR: u32 = 1;
+
+/// A tensor handed from one extension to the package's class.
+#[repr(C)]
+struct Handover {
+    /// An owned versioned tensor; NULL when `legacy` is given.
+    versioned: *mut DLManagedTensorVersioned,
+    /// An owned legacy tensor (its writability unknown); NULL when `versioned` is given.
+    legacy: *mut DLManagedTensor,
+    /// 0 writable, 1 read-only, 2 unknown.
+    writability: u8,
+    /// Whether `ready` holds a stream value.
+    has_ready: u8,
+    /// The stream the data is ready on: 1 (CUDA's legacy default) or a ROCm stream value.
+    ready: i64,
+    /// A shared-memory segment kept alive with the tensor (a new reference), or NULL.
+    origin: *mut ffi::PyObject,
+}
+
+/// The published table. Fields are only appended; `size` says how many a publisher filled.
+#[repr(C)]
+struct TensorApi {
+    abi_major: u32,
+    size: u32,
+    /// Takes everything `*handover` owns (on success and on failure) and
+    /// returns a new `dlbridge.Tensor`, or NULL with an exception set. The
+    /// caller holds the GIL.
+    adopt: unsafe extern "C" fn(handover: *mut Handover) -> *mut ffi::PyObject,
+}
+
+static OWN: TensorApi = TensorApi { abi_major: ABI_MAJOR, size: core::mem::size_of::<TensorApi>() as u32, adopt };
+
+/// Publishes this module's class as the one `dlbridge.Tensor` (the package's
+/// `_native` module calls this from `register`).
+pub(crate) fn publish(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    let own = core::ptr::addr_of!(OWN).cast_mut().cast();
+    // SAFETY: a static table outlives the capsule; no destructor is needed.
+    let capsule = unsafe { Bound::from_owned_ptr_or_err(module.py(), ffi::PyCapsule_New(own, CAPSULE.as_ptr(), None))? };
+    module.add("_TENSOR_API", capsule)
+}
+
+/// The package's table, if the package is installed, speaks this ABI, and is
+/// not this extension itself. Looked up once per process.
+fn package_api(py: Python<'_>) -> Option<&'static TensorApi> {
+    static API: PyOnceLock<Option<&'static TensorApi>> = PyOnceLock::new();
+    *API.get_or_init(py, || {
+        let found = (|| -> PyResult<Option<&'static TensorApi>> {
+            let capsule = py.import(intern!(py, "dlbridge._native"))?.getattr(intern!(py, "_TENSOR_API"))?;
+            // SAFETY: a name check on a live object; IsValid never raises.
+            if unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), CAPSULE.as_ptr()) } != 1 {
+                return Ok(None);
+            }
+            // SAFETY: a valid capsule of this name holds a table that lives as
+            // long as the process (extension modules are never unloaded).
+            let table = unsafe { &*ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE.as_ptr()).cast::<TensorApi>() };
+            let usable = table.abi_major == ABI_MAJOR && table.size as usize >= core::mem::size_of::<TensorApi>();
+            Ok((usable && !core::ptr::eq(table, &OWN)).then_some(table))
+        })();
+        found.unwrap_or_else(|err| {
+            drop(err);
+            None
+        })
+    })
+}
+
+/// A module of the `dlbridge` Python package, for what only the package
+/// provides (pickling, shared memory, `numpy()`); without the package, an
+/// ImportError that says what needs it.
+pub(crate) fn import<'py>(py: Python<'py>, module: &str, what: &str) -> PyResult<Bound<'py, PyModule>> {
+    py.import(module).map_err(|err| {
+        if err.is_instance_of::<PyImportError>(py) {
+            PyImportError::new_err(format!(
+                "{what} needs the dlbridge Python package, which is not installed (pip install dlbridge): \
+                 this tensor came from an extension that links dlbridge-pyo3 on its own ({err})"
+            ))
+        } else {
+            err
+        }
+    })
+}
+
+impl<'py> IntoPyObject<'py> for Tensor {
+    type Target = PyAny;
+    type Output = Bound<'py, PyAny>;
+    type Error = PyErr;
+
+    /// An instance of the `dlbridge` package's `Tensor` class when the package
+    /// is there, else of this extension's own.
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        match package_api(py) {
+            Some(api) => hand_over(py, api, self),
+            None => Ok(Bound::new(py, TensorObject(self))?.into_any()),
+        }
+    }
+}
+
+/// Hands `tensor` to the package's class: its memory, writability, readiness
+/// (an event kept here becomes an order on the legacy stream, which both
+/// extensions' drivers share) and shared-memory origin.
+fn hand_over<'py>(py: Python<'py>, api: &TensorApi, tensor: Tensor) -> PyResult<Bound<'py, PyAny>> {
+    let ready = tensor.stream_for(None)?;
+    let Tensor { owned, writability, origin, ready: _ } = tensor;
+    let owned = owned.into_inner();
+    let flags = owned.flags();
+    let (versioned, legacy) = match owned {
+        AnyOwned::Versioned(t) => (t.into_raw(), core::ptr::null_mut()),
+        AnyOwned::Legacy(t) => (core::ptr::null_mut(), t.into_raw()),
+        AnyOwned::Object(t) => {
+            let view = t.detached_view();
+            // SAFETY: the object's memory, validated, stays valid while its owner
+            // (moved into the export) lives; writable only without READ_ONLY.
+            let exported: OwnedTensor = unsafe { dlbridge::export::export_view(t, &view, view.device(), flags) }.py()?;
+            (exported.into_raw(), core::ptr::null_mut())
+        }
+    };
+    let mut handover = Handover {
+        versioned,
+        legacy,
+        writability: match writability {
+            Writability::Writable => 0,
+            Writability::ReadOnly => 1,
+            Writability::Unknown => 2,
+        },
+        has_ready: u8::from(ready.is_some()),
+        ready: ready.unwrap_or(0),
+        origin: origin.map_or(core::ptr::null_mut(), Py::into_ptr),
+    };
+    // SAFETY: the package's function with a complete handover, which it takes
+    // over entirely; the GIL is held.
+    unsafe { Bound::from_owned_ptr_or_err(py, (api.adopt)(&mut handover)) }
+}
+
+unsafe extern "C" fn adopt(handover: *mut Handover) -> *mut ffi::PyObject {
+    // SAFETY: the caller passes a complete handover and holds the GIL.
+    let handover = unsafe { handover.read() };
+    Python::attach(|py| {
+        let adopted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| adopted(py, handover)));
+        match adopted {
+            Ok(Ok(object)) => object.into_ptr(),
+            Ok(Err(err)) => {
+                err.restore(py);
+                core::ptr::null_mut()
+            }
+            Err(_) => {
+                PySystemError::new_err("dlbridge panicked while adopting a tensor from another extension").restore(py);
+                core::ptr::null_mut()
+            }
+        }
+    })
+}
+
+fn adopted(py: Python<'_>, h: Handover) -> PyResult<Bound<'_, PyAny>> {
+    // SAFETY: a new reference handed over, or NULL.
+    let origin = unsafe { Bound::from_owned_ptr_or_opt(py, h.origin) }.map(Bound::unbind);
+    let owned = if h.versioned.is_null() {
+        // SAFETY: an owned legacy tensor handed over; validated here, deleted on error.
+        AnyOwned::Legacy(unsafe { OwnedLegacyTensor::from_raw(h.legacy) }.py()?)
+    } else {
+        // SAFETY: as above, versioned.
+        AnyOwned::Versioned(unsafe { Owned::<DLManagedTensorVersioned>::from_raw(h.versioned) }.py()?)
+    };
+    let writability = match h.writability {
+        0 => Writability::Writable,
+        1 => Writability::ReadOnly,
+        _ => Writability::Unknown,
+    };
+    let mut tensor = Tensor::with_writability(owned, writability).ready_on(if h.has_ready != 0 { Some(h.ready) } else { None })?;
+    tensor.origin = origin;
+    Ok(Bound::new(py, TensorObject(tensor))?.into_any())
+}
