@@ -27,9 +27,12 @@ impl SameThread<'_> {
 }
 
 fn detached(call: &mut dyn FnMut()) {
-    // SAFETY: asks the interpreter whether this thread holds the GIL; safe to
-    // call from any thread, with or without it.
-    if unsafe { ffi::PyGILState_Check() } == 1 {
+    // Whether this thread holds the GIL: its thread state is the current one.
+    // (PyGILState_Check answers 1 on every thread once a sub-interpreter
+    // exists, and detaching without the GIL is a fatal error.)
+    // SAFETY: reads the calling thread's current state, which may be NULL;
+    // safe on any thread, with or without the GIL.
+    if unsafe { !ffi::compat::PyThreadState_GetUnchecked().is_null() } {
         // SAFETY: this thread holds the GIL (checked just above).
         let py = unsafe { Python::assume_attached() };
         let call = SameThread(call);
