@@ -82,6 +82,8 @@ def test_a_producer_that_rewrites_its_metadata_after_export_changes_nothing(rout
         print(t.shape, t.strides, t.size, t.nbytes)
         print(t.tolist(), t.copy().tolist(), np.asarray(t).tolist(), memoryview(t).tolist())
         print(np.from_dlpack(t).tolist(), pickle.loads(pickle.dumps(t)).tolist())
+        for block in junk:
+            libc.free(block)
     """)
     values = "[[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]"
     assert out.splitlines() == ["(2, 4) (4, 1) 8 32", " ".join([values] * 4), f"{values} {values}"]
@@ -94,6 +96,8 @@ def test_an_argument_whose_producer_changes_while_it_is_held_keeps_its_layout():
         v = Vandal()
         junk, shape = _native._while_borrowed(v, v.vandalise)
         print(shape)
+        for block in junk:
+            libc.free(block)
     """)
     assert out.split() == ["[2,", "4]"]
 
