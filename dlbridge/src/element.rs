@@ -58,3 +58,14 @@ element! {
     float8::F8E4M3 => DataType::new(crate::DataTypeCode::FLOAT8_E4M3FN, 8, 1),
     float8::F8E5M2 => DataType::new(crate::DataTypeCode::FLOAT8_E5M2, 8, 1),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bool_rejects_bytes_other_than_0_and_1() {
+        assert!(bool::bit_patterns_valid(&[0, 1, 1]));
+        assert!(!bool::bit_patterns_valid(&[0, 2]));
+    }
+}

@@ -61,6 +61,7 @@ mod candle;
 pub mod copy;
 mod device;
 pub mod dtype;
+mod dtype_rules;
 mod element;
 mod error;
 pub mod export;
@@ -75,6 +76,7 @@ mod owned;
 mod ndarray;
 mod view;
 mod view_mut;
+mod view_read;
 
 #[cfg(feature = "candle")]
 pub use candle::{dtype_from_candle, dtype_to_candle};

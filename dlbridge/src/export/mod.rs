@@ -1,0 +1,175 @@
+//! Producer side: hand Rust-owned memory to DLPack consumers without copying.
+//!
+//! Each export makes one heap allocation holding the managed struct, the owner
+//! and the shape and strides. Its deleter drops the owner and frees the block.
+//! Exports follow the DLPack 1.2+ rules: strides are always filled when
+//! `ndim > 0`, shape and strides are NULL when `ndim == 0`, and `data` is NULL
+//! when the tensor has no elements. The block itself is in `block.rs`.
+
+mod block;
+
+use core::ffi::c_void;
+use core::ops::{Deref, DerefMut};
+use core::ptr::NonNull;
+
+use crate::dtype::DataType;
+use crate::element::Element;
+use crate::error::Error;
+use crate::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
+use crate::layout::{element_count, extent_of, place_in_buffer, MAX_NDIM};
+use crate::owned::{ManagedAbi, Owned};
+
+pub(crate) use block::{export_placed, place_owner};
+use block::{discard_block, write_block};
+use crate::view::TensorView;
+use crate::Device;
+
+/// Where a raw export's elements are: the parts of a `DLTensor` other than the pointers.
+#[derive(Clone, Copy, Debug)]
+pub struct RawLayout<'s> {
+    /// Element type.
+    pub dtype: DataType,
+    /// Where the memory lives.
+    pub device: Device,
+    /// Extent of each axis.
+    pub shape: &'s [i64],
+    /// Strides in elements; `None` means row-major.
+    pub strides: Option<&'s [i64]>,
+    /// Bytes from the data pointer to element 0.
+    pub byte_offset: u64,
+}
+
+/// Exports memory that `owner` keeps alive, as a managed tensor of ABI `M`.
+///
+/// `data` is the address the tensor's `data` field will hold; element 0 is at
+/// `data + byte_offset`. When `strides` is `None` they are filled in row-major.
+/// The result is validated like any foreign tensor.
+///
+/// # Safety
+/// Every byte that the layout reaches from `data` must stay valid (readable,
+/// and writable unless `flags` has READ_ONLY) until `owner` is dropped, and
+/// nothing else may write it while the tensor is shared, unless it is read-only.
+pub unsafe fn export_raw<M: ManagedAbi, O: Send + 'static>(
+    owner: O,
+    data: *mut c_void,
+    layout: RawLayout<'_>,
+    flags: u64,
+) -> Result<Owned<M>, Error> {
+    let ndim = layout.shape.len();
+    if ndim > MAX_NDIM {
+        return Err(Error::NdimOutOfRange { ndim: ndim as i64, max: MAX_NDIM });
+    }
+    if let Some(strides) = layout.strides {
+        if strides.len() != ndim {
+            return Err(Error::StridesLength { expected: ndim, found: strides.len() });
+        }
+    }
+    let numel = element_count(layout.shape)?;
+    let block: NonNull<M> = write_block(owner, data, layout, numel, flags)?;
+    // SAFETY: the block is a complete managed tensor we own; shape and strides
+    // live in it, and the caller vouches for the data. On error `from_raw` calls
+    // the deleter, which drops the owner and frees the block.
+    unsafe { Owned::from_raw(block.as_ptr()) }.map(|owned| owned.with_export_flags(flags))
+}
+
+/// Exports the memory of an already validated view, with the same layout (on
+/// `device`, which must reach the same memory), without validating it again:
+/// the fast path of a producer re-exporting what it holds.
+///
+/// # Safety
+/// The memory the view describes must stay valid, as for [`export_raw`], until
+/// `owner` is dropped; `flags` has IS_SUBBYTE_TYPE_PADDED exactly when the view
+/// is padded (a consumer reads that many bytes).
+pub unsafe fn export_view<M: ManagedAbi, O: Send + 'static>(
+    owner: O,
+    view: &TensorView<'_>,
+    device: Device,
+    flags: u64,
+) -> Result<Owned<M>, Error> {
+    let layout = RawLayout {
+        dtype: view.dtype(),
+        device,
+        shape: view.shape(),
+        strides: Some(view.strides()),
+        byte_offset: 0,
+    };
+    let block: NonNull<M> = write_block(owner, view.as_ptr().cast_mut(), layout, view.len(), flags)?;
+    // SAFETY: the block was just written with the view's layout, so the view's
+    // validation carries over; the caller keeps the memory valid until the
+    // owner, and so the block, is dropped.
+    unsafe { Ok(Owned::from_validated(block, view.relabelled(device)).with_export_flags(flags)) }
+}
+
+/// Exports the elements that `slice_of` finds in `owner`, asked only once the
+/// owner sits in the export block it will live in until the deleter runs. So
+/// an owner that keeps its elements inline (an array, a `SmallVec`) is safe,
+/// and a `Deref` that answers differently on each call is asked once.
+fn export_owner<M, O, T>(
+    owner: O,
+    slice_of: impl FnOnce(&mut O) -> (*mut T, usize),
+    shape: &[i64],
+    strides: Option<&[i64]>,
+    flags: u64,
+) -> Result<Owned<M>, Error>
+where
+    M: ManagedAbi,
+    O: Send + 'static,
+    T: Element,
+{
+    let mut place = extent_of(shape, strides)?;
+    let block = place_owner::<M, O>(owner, shape.len())?;
+    // SAFETY: the owner was written into the block, which does not move, and
+    // nothing else refers to it: this borrow is the only one.
+    let (base, len) = slice_of(unsafe { &mut (*block.as_ptr()).owner });
+    if let Err(err) = place_in_buffer(&mut place, len) {
+        // SAFETY: fresh from `place_owner`, never filled, not used again.
+        unsafe { discard_block(block) };
+        return Err(err);
+    }
+    // SAFETY: element `first` and every element the layout reaches from it lie
+    // within the `len` elements at `base` (checked above), which the owner, now
+    // in its final place in the block, keeps alive until the deleter drops it.
+    Ok(unsafe { export_placed(block, base.wrapping_add(place.first), shape, strides, &place, flags) })
+}
+
+impl<M: ManagedAbi> Owned<M> {
+    /// Exports a writable tensor over the elements of `owner` (a `Vec<T>`,
+    /// `Box<[T]>`, or anything that derefs mutably to a slice).
+    ///
+    /// `strides` are in elements and may be negative; `None` means row-major.
+    /// Element 0 is placed so that the lowest element the layout reaches is the
+    /// first of the slice. The layout must stay inside the slice.
+    pub fn from_owner_mut<O, T>(owner: O, shape: &[i64], strides: Option<&[i64]>) -> Result<Self, Error>
+    where
+        O: DerefMut<Target = [T]> + Send + 'static,
+        T: Element,
+    {
+        let slice_of = |owner: &mut O| {
+            let slice: &mut [T] = O::deref_mut(owner);
+            (slice.as_mut_ptr(), slice.len())
+        };
+        export_owner(owner, slice_of, shape, strides, 0)
+    }
+
+    /// Exports a read-only tensor over the elements of `owner` (an `Arc<[T]>`,
+    /// a memory map, ...). The tensor carries READ_ONLY.
+    pub fn from_owner<O, T>(owner: O, shape: &[i64], strides: Option<&[i64]>) -> Result<Self, Error>
+    where
+        O: Deref<Target = [T]> + Send + 'static,
+        T: Element,
+    {
+        let slice_of = |owner: &mut O| {
+            let slice: &[T] = O::deref(owner);
+            (slice.as_ptr().cast_mut(), slice.len())
+        };
+        export_owner(owner, slice_of, shape, strides, DLPACK_FLAG_BITMASK_READ_ONLY)
+    }
+
+    /// Exports a `Vec` as a writable row-major tensor of the given shape.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[i64]) -> Result<Self, Error> {
+        Self::from_owner_mut(data, shape, None)
+    }
+}
+
+#[cfg(test)]
+mod tests;
