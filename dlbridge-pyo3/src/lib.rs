@@ -67,6 +67,7 @@ mod errors;
 pub mod exchange;
 mod functions;
 mod gil;
+mod handoff;
 pub mod import;
 mod moves;
 pub mod owner;
@@ -87,7 +88,8 @@ pub use dlbridge;
 pub use errors::to_py_err;
 pub use import::{from_dlpack, from_dlpack_ready, import_any, import_any_ready, ImportOptions, Imported};
 pub use pyo3;
-pub use tensor::{DType, Tensor, TensorObject};
+pub use convert::DType;
+pub use tensor::{Tensor, TensorObject, EXCHANGE_API};
 pub use writability::Writability;
 
 use pyo3::prelude::*;

@@ -9,9 +9,9 @@ use dlbridge::{Device, DeviceType, ManagedAbi, Owned};
 use pyo3::exceptions::PyBufferError;
 use pyo3::PyResult;
 
-use crate::capsule::AnyOwned;
+use crate::any_owned::AnyOwned;
 use crate::errors::IntoPyResult;
-use crate::import::wait_if_managed;
+use crate::handoff::wait_if_managed;
 
 fn on_cuda(device: Device) -> bool {
     matches!(device.device_type, DeviceType::CUDA | DeviceType::CUDA_MANAGED)

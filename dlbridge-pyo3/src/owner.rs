@@ -86,6 +86,18 @@ impl Drop for BufferOwner {
     }
 }
 
+/// Opens `obj`'s buffer with the request `flags` (`PyBUF_*`).
+pub(crate) fn open_buffer(obj: &pyo3::Bound<'_, PyAny>, flags: core::ffi::c_int) -> pyo3::PyResult<BufferOwner> {
+    // SAFETY: Py_buffer is plain data; GetBuffer fills it or fails.
+    let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { core::mem::zeroed() });
+    // SAFETY: `obj` is live and `view` is writable; on success the view must be
+    // released once, which `BufferOwner` does.
+    if unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) } != 0 {
+        return Err(pyo3::PyErr::fetch(obj.py()));
+    }
+    Ok(BufferOwner::new(view))
+}
+
 /// A value whose drop keeps a Python exception in flight intact: a foreign
 /// deleter may run Python code (a ctypes or pybind11 callback), and a tensor
 /// object can be freed while an exception propagates; that code would then see

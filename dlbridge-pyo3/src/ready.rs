@@ -98,7 +98,7 @@ impl ReadyCell {
         }
         match self.get() {
             Ready::Idle | Ready::Rocm(_) => Ok(()),
-            Ready::Legacy => crate::import::wait_if_managed(self.device, Some(1)),
+            Ready::Legacy => crate::handoff::wait_if_managed(self.device, Some(1)),
             Ready::Event(event) => event.wait_on_host().py(),
         }
     }

@@ -13,7 +13,7 @@ use crate::import::{from_dlpack, ImportOptions};
 fn _exchange_api_calls(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let names = ["allocator", "from_py_object", "to_py_object", "dltensor_from_py_object", "current_work_stream"];
     let dict = PyDict::new(py);
-    for (name, calls) in names.iter().zip(&crate::exchange::CALLS) {
+    for (name, calls) in names.iter().zip(&crate::tensor::CALLS) {
         dict.set_item(name, calls.load(std::sync::atomic::Ordering::Relaxed))?;
     }
     Ok(dict)

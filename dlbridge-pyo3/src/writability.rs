@@ -15,7 +15,7 @@
 
 use dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
 
-use crate::capsule::AnyOwned;
+use crate::any_owned::AnyOwned;
 
 /// What the producer said about writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,7 +12,10 @@ import pytest
 
 import dlbridge
 from dlbridge._check import abi
-from dlbridge._check.rules import RULES, VERDICT
+from dlbridge._check.catalogue import load_all
+from dlbridge._check.rules import VERDICT
+
+RULES = load_all()
 from dlbridge.testing import check_producer, rules
 from test_check_fakes import FakeArray, ReturnsBytes
 

@@ -29,10 +29,11 @@ use pyo3::Borrowed;
 pub use kinds::{AnyDevice, AnyDtype, AnyLayout, AnyRank, CContiguous, Cpu, Cuda, DeviceKind, Dtype, FContiguous, LayoutKind, Rank};
 
 use crate::borrows::{acquire, Borrow};
-use crate::capsule::AnyOwned;
+use crate::any_owned::AnyOwned;
 use crate::convert::type_name;
 use crate::exchange;
-use crate::import::{from_dlpack, import_for_extension, settle, wait_if_managed, ImportOptions};
+use crate::handoff::{settle, wait_if_managed};
+use crate::import::{from_dlpack, import_for_extension, ImportOptions};
 use crate::tensor::TensorObject;
 use crate::writability::Writability;
 

@@ -22,7 +22,7 @@ use pyo3::types::PyType;
 use pyo3::{ffi, intern};
 
 use super::guard::{torch_checks, Guard};
-use super::producer::EXCHANGE_API_CAPSULE_NAME;
+use super::EXCHANGE_API_CAPSULE_NAME;
 
 /// A type's exchange table and the checks to make before using it.
 #[derive(Clone, Copy, Debug)]

@@ -9,21 +9,9 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use crate::capsule::AnyOwned;
+use crate::any_owned::AnyOwned;
 use crate::errors::IntoPyResult;
-use crate::owner::BufferOwner;
-
-/// Opens `obj`'s buffer with the request `flags` (`PyBUF_*`).
-pub(crate) fn open_buffer(obj: &Bound<'_, PyAny>, flags: core::ffi::c_int) -> PyResult<BufferOwner> {
-    // SAFETY: Py_buffer is plain data; GetBuffer fills it or fails.
-    let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { core::mem::zeroed() });
-    // SAFETY: `obj` is live and `view` is writable; on success the view must be
-    // released once, which `BufferOwner` does.
-    if unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) } != 0 {
-        return Err(PyErr::fetch(obj.py()));
-    }
-    Ok(BufferOwner::new(view))
-}
+use crate::owner::open_buffer;
 
 /// The element type of a filled view; a NULL format means unsigned bytes.
 fn buffer_dtype(view: &ffi::Py_buffer) -> PyResult<DataType> {

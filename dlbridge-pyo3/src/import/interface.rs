@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::buffer::import_buffer;
-use crate::capsule::AnyOwned;
+use crate::any_owned::AnyOwned;
 use crate::errors::IntoPyResult;
 use crate::owner::PyOwner;
 

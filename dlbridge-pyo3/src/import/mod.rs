@@ -21,7 +21,7 @@ mod numpy;
 use core::ffi::c_void;
 
 use dlbridge::export::{export_raw, RawLayout};
-use dlbridge::streams::{Stream, SyncPlan};
+use dlbridge::streams::Stream;
 use dlbridge::{to_contiguous, Device, DeviceType, OwnedTensor};
 use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -29,7 +29,6 @@ use pyo3::types::PyString;
 use pyo3::{ffi, intern};
 
 pub use buffer::import_buffer;
-pub(crate) use buffer::open_buffer;
 pub use interface::{import_array_interface, import_cuda_array_interface};
 pub(crate) use negotiate::has_dlpack;
 
@@ -37,6 +36,7 @@ use crate::capsule::{consume_capsule, is_capsule, AnyOwned};
 use crate::convert::type_name;
 use crate::errors::IntoPyResult;
 use crate::exchange;
+use crate::handoff::{reaches, settle, wait_if_managed};
 use crate::tensor::{Tensor, TensorObject};
 
 /// What the caller asks of an import.
@@ -67,11 +67,6 @@ pub(crate) unsafe fn python_memory<O: Send + 'static>(owner: O, data: *mut c_voi
     Ok(AnyOwned::Versioned(owned))
 }
 
-/// Whether memory on `device` can be handed to a consumer that asked for `wanted`.
-pub(crate) fn reaches(device: Device, wanted: Device) -> bool {
-    wanted == device || (wanted == Device::CPU && device.is_cpu_accessible())
-}
-
 /// An imported tensor and, for device memory, the stream its data is ready on.
 pub type Imported = (AnyOwned, Option<i64>);
 
@@ -97,36 +92,6 @@ fn check_device_id(owned: &AnyOwned) -> PyResult<()> {
         ))),
         _ => Ok(()),
     }
-}
-
-/// Waits on the host for the work pending on CUDA managed memory, which host
-/// code is about to read; a no-op for other memory.
-pub(crate) fn wait_if_managed(device: Device, ready: Option<i64>) -> PyResult<()> {
-    match ready {
-        // SAFETY: a stream value from the producer, as for `settle`.
-        Some(ready) if device.device_type == DeviceType::CUDA_MANAGED => unsafe { dlbridge::cuda::wait_on_host(device.device_id, ready) }.py(),
-        _ => Ok(()),
-    }
-}
-
-/// Makes the consumer's stream (`requested`, or the device's legacy default)
-/// wait for the work pending on the data's `ready` stream, on the GPU, and
-/// returns the stream the data is then ready on. Nothing to do when they are
-/// the same (a producer asked through `__dlpack__` has ordered its work
-/// already), or on ROCm (no HIP calls); when the caller passed -1, nothing is
-/// ordered and no stream is kept (the producer's may not outlive the tensor).
-pub(crate) fn settle(device: Device, ready: Option<i64>, requested: Option<i64>) -> PyResult<Option<i64>> {
-    let plan = dlbridge::streams::plan(device.device_type, ready, requested).py()?;
-    // SAFETY: `ready` came from the producer (its stream value, its table's
-    // current work stream, or its array interface's entry) and `requested`
-    // from the caller: the protocols hand streams over as raw integers
-    // (README, "Raw addresses").
-    unsafe { dlbridge::cuda::carry_out(device, plan) }.py()?;
-    Ok(match plan {
-        SyncPlan::Wait { consumer, .. } => Some(consumer),
-        SyncPlan::Nothing if requested == Some(-1) => None,
-        SyncPlan::Nothing => ready,
-    })
 }
 
 /// Which stream an import's data must end up ready on.

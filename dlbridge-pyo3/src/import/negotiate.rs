@@ -16,7 +16,8 @@ use pyo3::{ffi, intern};
 
 use dlbridge::Device;
 
-use super::{reaches, ImportOptions};
+use super::ImportOptions;
+use crate::handoff::reaches;
 use crate::capsule::is_capsule;
 use crate::moves::can_move;
 use crate::convert::type_name;

@@ -20,7 +20,7 @@ use super::{Tensor, TensorObject};
 use crate::capsule::into_capsule;
 use crate::convert::parse_device_tuple;
 use crate::errors::IntoPyResult;
-use crate::import::{reaches, settle};
+use crate::handoff::{reaches, settle};
 use crate::moves::{can_move, copy_to};
 use crate::owner::PyOwner;
 

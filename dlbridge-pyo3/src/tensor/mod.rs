@@ -9,15 +9,15 @@
 //! | `mod.rs` | [`Tensor`], the data and its Rust API |
 //! | `object.rs` | `dlbridge.Tensor`, the Python class: its methods and properties |
 //! | `package.rs` | one `dlbridge.Tensor` class for every extension in a process |
+//! | `exchange_table.rs` | dlbridge's DLPack C exchange table, `Tensor.__dlpack_c_exchange_api__` |
 //! | `dlpack.rs` | `__dlpack__`: negotiation, flags, the capsule |
 //! | `buffer.rs` | the buffer protocol and both array interfaces |
 //! | `tolist.rs` | `tolist()` |
 //! | `pickle.rs` | pickling, out of band with protocol 5 |
-//! | `dtype.rs` | `dlbridge.DType` |
 
 mod buffer;
 mod dlpack;
-mod dtype;
+mod exchange_table;
 mod object;
 mod package;
 mod pickle;
@@ -28,12 +28,14 @@ use dlbridge::{Element, OwnedTensor, TensorView};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 
-pub use dtype::DType;
+pub use exchange_table::EXCHANGE_API;
+#[cfg(feature = "testing")]
+pub(crate) use exchange_table::CALLS;
 pub use object::TensorObject;
 pub(crate) use package::{import as import_package, publish};
 pub(crate) use pickle::_rebuild_tensor;
 
-use crate::capsule::AnyOwned;
+use crate::any_owned::AnyOwned;
 use crate::errors::IntoPyResult;
 use crate::owner::ExceptionSafe;
 use crate::ready::ReadyCell;

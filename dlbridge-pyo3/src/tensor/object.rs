@@ -10,8 +10,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3::{ffi, intern};
 
-use super::{buffer, dlpack, pickle, tolist, DType, Tensor};
-use crate::convert::device_tuple;
+use super::{buffer, dlpack, pickle, tolist, Tensor};
+use crate::convert::{device_tuple, DType};
 use crate::errors::IntoPyResult;
 
 /// The `dlbridge.Tensor` class: immutable, over one [`Tensor`].
@@ -111,7 +111,7 @@ impl TensorObject {
     /// a static table shared by every tensor.
     #[classattr]
     fn __dlpack_c_exchange_api__(py: Python<'_>) -> PyResult<Py<PyAny>> {
-        crate::exchange::exchange_api_capsule(py)
+        super::exchange_table::exchange_api_capsule(py)
     }
 
     /// `(device_type, device_id)` of the memory.

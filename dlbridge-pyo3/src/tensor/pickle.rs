@@ -27,10 +27,10 @@ use pyo3::types::{PyList, PyTuple};
 use pyo3::{ffi, intern};
 
 use super::{Tensor, TensorObject};
-use crate::capsule::AnyOwned;
+use crate::any_owned::AnyOwned;
 use crate::convert::parse_dtype;
 use crate::errors::IntoPyResult;
-use crate::import::open_buffer;
+use crate::owner::open_buffer;
 use crate::owner::PyOwner;
 use crate::writability::Writability;
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 from ._check import runner
-from ._check.rules import RULES, Result, Rule, select
+from ._check.catalogue import select
+from ._check.rules import RULES, Result, Rule
 from ._check.targets import from_callables
 
 __all__ = ["ConformanceReport", "Case", "DLPackWarning", "check_producer", "check_consumer", "check", "conformance_cases",

@@ -39,7 +39,7 @@ def _parser():
 
 def main(argv=None):
     from . import render, runner
-    from .rules import select
+    from .catalogue import select
     from .targets import TargetError, resolve
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -140,22 +140,3 @@ def run_rule(r: Rule, target) -> Result:
     except Exception as exc:  # the library raised where the rule expects none; Ctrl-C still stops
         return violated(r, f"unexpected {describe(exc)}")
     return Result(r.id, "pass", detail or "")
-
-
-def load_all():
-    """Imports the rule modules (each registers its rules) and returns RULES in a stable order."""
-    from . import producer, layout, lifetime, exchange, consumer  # noqa: F401,I001 (registration, in this order)
-
-    return RULES
-
-
-def select(role: Optional[str] = None, only=(), skip=()):
-    """Rules for targets of `role` ("producer"/"consumer"; None: all), minus skips, or just `only`."""
-    rules = load_all()
-    unknown = [r for r in (*only, *skip) if r not in rules]
-    if unknown:
-        raise KeyError(f"unknown rule(s): {', '.join(unknown)}; see `python -m dlbridge check --list`")
-    chosen = [r for r in rules.values() if role is None or r.applies_to == role]
-    if only:
-        chosen = [r for r in chosen if r.id in only]
-    return [r for r in chosen if r.id not in skip]

@@ -6,7 +6,8 @@ import os
 import sys
 
 from . import isolate
-from .rules import Result, load_all, run_rule, violated
+from .catalogue import load_all
+from .rules import Result, run_rule, violated
 from .targets import resolve
 
 DEFAULT_TIMEOUT = 300  # seconds per child; a child that hangs costs the rule it hung on

@@ -20,11 +20,9 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::{ffi, Borrowed};
 
+use super::{Tensor, TensorObject};
 use crate::errors::{exception_name, to_py_err};
-use crate::tensor::{Tensor, TensorObject};
-
-/// The name of the capsule that carries a `DLPackExchangeAPI`.
-pub const EXCHANGE_API_CAPSULE_NAME: &CStr = c"dlpack_exchange_api";
+use crate::exchange::EXCHANGE_API_CAPSULE_NAME;
 
 /// dlbridge's exchange-API table; it lives for the whole process, as the header requires.
 pub static EXCHANGE_API: DLPackExchangeAPI = DLPackExchangeAPI {
