@@ -126,27 +126,28 @@ impl<T> core::ops::Deref for ExceptionSafe<T> {
 
 impl<T> Drop for ExceptionSafe<T> {
     fn drop(&mut self) {
-        // SAFETY: `Py_IsInitialized` may be called at any time. The GIL is taken
-        // (reentrantly) before the error indicator is read, so this is sound on
-        // any thread; the value is dropped exactly once, here. (PyErr_Fetch and
-        // Restore still work on 3.12+, where they are deprecated.)
-        #[allow(deprecated)]
-        unsafe {
-            if ffi::Py_IsInitialized() == 0 {
-                core::mem::ManuallyDrop::drop(&mut self.0);
-                return;
+        // SAFETY: the value is taken out exactly once, here, and `self.0` is
+        // never used again.
+        let mut value = Some(unsafe { core::mem::ManuallyDrop::take(&mut self.0) });
+        with_gil_unless_finalized(|| {
+            // SAFETY: with the GIL (taken by the caller of this closure); the
+            // in-flight exception is saved and restored around the drop.
+            // (PyErr_Fetch and Restore still work on 3.12+, where they are deprecated.)
+            #[allow(deprecated)]
+            unsafe {
+                let saving = !ffi::PyErr_Occurred().is_null();
+                let (mut kind, mut exc, mut traceback) = (core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut());
+                if saving {
+                    ffi::PyErr_Fetch(&mut kind, &mut exc, &mut traceback);
+                }
+                drop(value.take());
+                if saving {
+                    ffi::PyErr_Restore(kind, exc, traceback);
+                }
             }
-            let gil = ffi::PyGILState_Ensure();
-            let saving = !ffi::PyErr_Occurred().is_null();
-            let (mut kind, mut value, mut traceback) = (core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut());
-            if saving {
-                ffi::PyErr_Fetch(&mut kind, &mut value, &mut traceback);
-            }
-            core::mem::ManuallyDrop::drop(&mut self.0);
-            if saving {
-                ffi::PyErr_Restore(kind, value, traceback);
-            }
-            ffi::PyGILState_Release(gil);
-        }
+        });
+        // A finalised interpreter: no exception to keep; the value's own drop
+        // knows not to touch Python.
+        drop(value);
     }
 }
