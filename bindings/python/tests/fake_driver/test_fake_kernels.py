@@ -5,6 +5,10 @@ buffer with VALUE on stream P and stays queued, so a launch that does not wait f
 that were there, and a reader that does not wait for the launch reads the zeros of fresh memory."""
 
 import gc
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -39,6 +43,7 @@ def test_scale_runs_after_the_producers_work_and_its_result_is_ready_on_that_str
     driver.clear()
     r = cuda_kernel.scale(x, 2.0)
     assert isinstance(r, dlbridge.Tensor) and r.device == (2, 0) and r.shape == (N,) and r.dtype == "float32"
+    assert r._writability == "writable" and not r.readonly, "fresh memory the caller owns"
     no_host_sync(driver)
     kinds = driver.kinds()
     assert kinds.index("alloc") < kinds.index("launch"), kinds
@@ -158,3 +163,68 @@ def test_a_mismatched_argument_is_a_type_error_naming_both(driver, call):
     with pytest.raises(TypeError, match=r"^expected a float32 C-contiguous CUDA tensor, got a PyCapsule of float32 with shape \(2,\), strided on cuda:0"):
         getattr(cuda_kernel, call)(capsule, 2.0)
     assert not rows(driver, "launch", "alloc")
+
+
+def test_a_read_only_argument_is_scaled_into_a_copy_and_refused_in_place(driver):
+    P = driver.stream()
+    a = busy(driver, P)
+
+    def read_only():
+        fake = driver.over(a)
+        fake.managed.flags = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+        return fake
+
+    x, _ = table_producer(work_stream=P, make=read_only)
+    assert dlbridge.from_dlpack(cuda_kernel.scale(x, 2.0), device="cpu").tolist() == [2 * VALUE] * N
+    driver.clear()
+    with pytest.raises(BufferError, match="marked it read-only"):
+        cuda_kernel.scale_(x, 2.0)
+    assert not rows(driver, "launch")
+    assert driver.peek(a.ctypes.data, N) == [VALUE] * N
+
+
+def test_a_result_too_large_for_the_device_is_a_memory_error(driver):
+    """The fake's devices hold 1 GiB; the argument claims 4 GiB (its memory is never touched)."""
+    big = driver.over(driver.device_array(4))
+    big.shape[0] = 1 << 30
+    x, _ = table_producer(make=lambda: big)
+    driver.clear()
+    with pytest.raises(MemoryError, match=r"cuMemAlloc failed with CUresult 2 \(CUDA_ERROR_OUT_OF_MEMORY\)"):
+        cuda_kernel.scale(x, 2.0)
+    assert not rows(driver, "launch", "alloc")
+
+
+def test_threads_loading_the_kernel_at_once_neither_deadlock_nor_leak_a_module():
+    """In a fresh process, with every blocking call (the PTX compilation included) slowed to 0.3 s:
+    the first calls of two threads load the module without the GIL; neither waits for the other
+    while holding it, and a module loaded twice is unloaded once."""
+    code = textwrap.dedent("""
+        import sys, threading
+        sys.path[:0] = sys.argv[1:]
+        import cuda_kernel, dlbridge
+        from fake_cuda import FakeDriver
+        from producers import table_producer
+        driver = FakeDriver()
+        a = driver.device_array(4, value=2.0)
+        x, _ = table_producer(work_stream=0, make=lambda: driver.over(a))
+        driver.sync_delay(300)
+        out = {}
+        def call(i):
+            out[i] = dlbridge.from_dlpack(cuda_kernel.scale(x, float(i)), device="cpu").tolist()
+        threads = [threading.Thread(target=call, args=(i,)) for i in (1, 3)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        driver.sync_delay(0)
+        kinds = driver.kinds()
+        loads, unloads = kinds.count("module_load"), kinds.count("module_unload")
+        assert out == {1: [2.0] * 4, 3: [6.0] * 4}, out
+        assert loads - unloads == 1 and driver.live_modules() == 1, (loads, unloads, driver.live_modules())
+        print("done", loads)
+    """)
+    here = os.path.dirname(__file__)
+    try:
+        result = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)], capture_output=True,
+                                text=True, env=os.environ, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("deadlock: a thread waited for the kernel's lock while holding the GIL the loader needs")
+    assert result.returncode == 0 and "done" in result.stdout, result.stdout + result.stderr
