@@ -28,10 +28,10 @@ struct Loaded {
 
 impl Drop for Loaded {
     fn drop(&mut self) {
-        let handle = self.handle;
-        // SAFETY: loaded by `from_ptx` in this device's context, unloaded once.
+        let handle = core::ptr::without_provenance_mut(self.handle);
         let _ = in_context(self.device_id, |api| {
-            host_side(api, || check("cuModuleUnload", unsafe { (api.module_unload)(core::ptr::without_provenance_mut(handle)) }))
+            // SAFETY: loaded by `from_ptx` in this device's context, unloaded once.
+            host_side(api, || check("cuModuleUnload", unsafe { (api.module_unload)(handle) }))
         });
     }
 }
