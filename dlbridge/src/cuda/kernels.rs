@@ -65,14 +65,14 @@ impl Module {
         if let Some(reason) = not_ptx(ptx.to_bytes()) {
             return Err(Error::NotPtx { reason });
         }
-        let image = ptx.as_ptr() as usize;
+        let image = ptx.as_ptr().cast::<c_void>();
         let handle = in_context(device_id, |api| {
             let mut module = core::ptr::null_mut();
             // A compilation that may take long: off the GIL, and no part of a capture.
             host_side(api, || {
                 // SAFETY: NUL-terminated PTX text (checked above), kept alive by
                 // the caller for this call; a writable out value.
-                check("cuModuleLoadData", unsafe { (api.module_load_data)(&mut module, core::ptr::with_exposed_provenance(image)) })
+                check("cuModuleLoadData", unsafe { (api.module_load_data)(&mut module, image) })
             })?;
             Ok(module as usize)
         })?;
