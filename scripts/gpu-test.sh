@@ -2,9 +2,10 @@
 # The GPU tests of dlbridge, for a GPU machine that has no Rust toolchain (and perhaps no network):
 # the wheel is built here, the tests run there.
 #
-#   scripts/gpu-test.sh build [OUTDIR]   here (./dev gpu-test): builds the release wheel for CPython 3.12
-#                                        on x86_64 Linux into OUTDIR (default dist-gpu/ in the repository),
-#                                        with pytest's and apache-tvm-ffi's wheels beside it in OUTDIR/extras
+#   scripts/gpu-test.sh build [OUTDIR]   here (./dev gpu-test): builds the release wheels of dlbridge and of
+#                                        examples/cuda_kernel for CPython 3.12 on x86_64 Linux into OUTDIR
+#                                        (default dist-gpu/ in the repository), with pytest's and
+#                                        apache-tvm-ffi's wheels beside them in OUTDIR/extras
 #   scripts/gpu-test.sh run [PYTEST ARGS] on the GPU machine, from the repository root, with dist-gpu/ there
 #
 # On the GPU machine, in a copy of the repository (dist-gpu/ included), the one command is:
@@ -15,8 +16,8 @@
 # is itself a venv holding torch, CuPy, JAX, numba-cuda and NumPy, and a venv made from it would see
 # none of them, so none is made. It fails at once, before any test, when torch with a CUDA device,
 # CuPy or NumPy is missing. It installs the dlbridge wheel with `pip install --no-deps --target` into
-# a scratch folder (pytest and tvm-ffi there too, from dist-gpu/extras, if the machine lacks them),
-# checks that this is the dlbridge Python imports, and runs `python3 -m pytest bindings/python/tests/gpu`
+# a scratch folder (the example's wheel too, for test_cuda_kernel.py; pytest and tvm-ffi there too,
+# from dist-gpu/extras, if the machine lacks them), checks that these are what Python imports, and runs `python3 -m pytest bindings/python/tests/gpu`
 # with that folder first on PYTHONPATH and DLBRIDGE_REQUIRE_GPU=1, under which any skip fails the run
 # (the JUnit XML is checked for skips too); then `benchmarks/bench_gpu.py`. No network is needed
 # there. Results go to $OUT (the lent-GPU tool's folder), else gpu-results/: gpu-tests.xml (JUnit)
@@ -63,11 +64,14 @@ build() {
     mkdir -p "$out"
     out="$(cd "$out" && pwd)"
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
-    rm -f "$out"/dlbridge-*.whl
+    rm -f "$out"/dlbridge-*.whl "$out"/cuda_kernel-*.whl
 
-    log "maturin build --release --target $TARGET --interpreter python3.12 (into $out)"
-    (cd "$ROOT/bindings/python" && VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" \
-        "$VENV/bin/maturin" build --release --target "$TARGET" --interpreter python3.12 --out "$out")
+    local crate
+    for crate in bindings/python examples/cuda_kernel; do
+        log "maturin build --release --target $TARGET --interpreter python3.12 in $crate (into $out)"
+        (cd "$ROOT/$crate" && VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" \
+            "$VENV/bin/maturin" build --release --target "$TARGET" --interpreter python3.12 --out "$out")
+    done
 
     shopt -s nullglob
     local wheels=("$out"/dlbridge-*-cp312-cp312-*x86_64.whl)
@@ -77,6 +81,7 @@ build() {
     "$VENV/bin/python" -m zipfile -l "$wheel" | grep -q "^$SO " \
         || die "$(basename "$wheel") does not hold $SO"
     log "built $(basename "$wheel"), holding $SO"
+    ls "$out"/cuda_kernel-*-cp312-cp312-*x86_64.whl >/dev/null 2>&1 || die "no cp312 x86_64 wheel of examples/cuda_kernel in $out"
 
     # pytest (pure Python) and tvm-ffi (for the benchmark's comparison), for a GPU machine without
     # them and without network; installed there only if missing. Best effort: a failure here only
@@ -128,8 +133,22 @@ run() {
                 || log "could not install $package from $wheels_dir/extras"
         fi
     done
+    # The example the GPU suite launches kernels from (test_cuda_kernel.py fails without it).
+    shopt -s nullglob
+    local example=("$wheels_dir"/cuda_kernel-*.whl)
+    shopt -u nullglob
+    if [[ ${#example[@]} -eq 1 ]]; then
+        log "pip install --no-deps --target $site $(basename "${example[0]}")"
+        "$py" -m pip install --quiet --no-deps --no-index --target "$site" "${example[0]}" || die "pip refused $(basename "${example[0]}")"
+    else
+        log "no cuda_kernel wheel in $wheels_dir/ (scripts/gpu-test.sh build makes it): test_cuda_kernel.py will fail"
+    fi
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" DLBRIDGE_REQUIRE_GPU=1
     "$py" "$ROOT/scripts/gpu-check.py" installed "$site" || die "Python does not import the dlbridge just installed"
+    if [[ ${#example[@]} -eq 1 ]]; then
+        "$py" -c 'import os, sys, cuda_kernel; f = os.path.realpath(cuda_kernel.__file__); print(f"cuda_kernel from {f}"); sys.exit(0 if f.startswith(os.path.realpath(sys.argv[1]) + os.sep) else 1)' "$site" \
+            || die "Python does not import the cuda_kernel just installed"
+    fi
 
     local status=0
     log "python3 -m pytest $suite $* (DLBRIDGE_REQUIRE_GPU=1: a skip is a failure)"

@@ -180,6 +180,11 @@ pub enum Error {
         /// Its `CUresult`.
         code: u32,
     },
+    /// A module image given as PTX is not PTX text (a cubin or fatbin, say).
+    NotPtx {
+        /// What it is instead.
+        reason: &'static str,
+    },
     /// A stream captures a CUDA graph, and what was asked cannot be part of it.
     StreamCapture {
         /// What, why, and what to do instead.
@@ -266,6 +271,7 @@ impl fmt::Display for Error {
                 Some(name) => write!(f, "{call} failed with CUresult {code} ({name})"),
                 None => write!(f, "{call} failed with CUresult {code}"),
             },
+            Error::NotPtx { reason } => write!(f, "the module image is not PTX text: {reason}; pass the NUL-terminated PTX that nvcc -ptx or NVRTC writes"),
             Error::StreamCapture { reason } => write!(f, "CUDA graph capture: {reason}"),
             Error::AllocationFailed { bytes } => write!(f, "could not allocate {bytes} bytes"),
             Error::UnknownDevice { device } => {
@@ -288,11 +294,17 @@ fn cuda_error_name(code: u32) -> Option<&'static str> {
         34 => "CUDA_ERROR_STUB_LIBRARY",
         100 => "CUDA_ERROR_NO_DEVICE",
         101 => "CUDA_ERROR_INVALID_DEVICE",
+        200 => "CUDA_ERROR_INVALID_IMAGE",
         201 => "CUDA_ERROR_INVALID_CONTEXT",
+        218 => "CUDA_ERROR_INVALID_PTX",
+        222 => "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
         400 => "CUDA_ERROR_INVALID_HANDLE",
+        500 => "CUDA_ERROR_NOT_FOUND",
         600 => "CUDA_ERROR_NOT_READY",
         700 => "CUDA_ERROR_ILLEGAL_ADDRESS",
+        701 => "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
         709 => "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        719 => "CUDA_ERROR_LAUNCH_FAILED",
         900 => "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
         901 => "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
         905 => "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",

@@ -10,7 +10,9 @@
 
 import base64
 import hashlib
+import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,23 +92,25 @@ def test_a_failing_cuinit_is_reported(tmp_path, fake, code, name):
 # --- scripts/gpu-test.sh, with the fake standing in for the GPU ----------------------------------
 
 
-def dev_wheel(out):
-    """A wheel of the dlbridge this suite runs (the development build), tagged for this interpreter."""
-    package = Path(dlbridge.__file__).parent
+def dev_wheel(out, module=dlbridge):
+    """A wheel of the package this suite runs (dlbridge's development build, or an example's), tagged
+    for this interpreter."""
+    package = Path(module.__file__).parent
+    dist = module.__name__
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    info = "dlbridge-0.1.0.dist-info"
-    files = {f"{info}/METADATA": b"Metadata-Version: 2.1\nName: dlbridge\nVersion: 0.1.0\n",
+    info = f"{dist}-0.1.0.dist-info"
+    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1.0\n".encode(),
              f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}-{tag}-linux_x86_64\n".encode()}
     for path in package.rglob("*"):
         if path.is_file() and "__pycache__" not in path.parts:
-            files[f"dlbridge/{path.relative_to(package)}"] = path.read_bytes()
+            files[f"{dist}/{path.relative_to(package)}"] = path.read_bytes()
     record = []
     for name, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         record.append(f"{name},sha256={digest},{len(data)}")
     files[f"{info}/RECORD"] = ("\n".join(record + [f"{info}/RECORD,,"]) + "\n").encode()
-    out.mkdir(parents=True)
-    wheel = out / f"dlbridge-0.1.0-{tag}-{tag}-linux_x86_64.whl"
+    out.mkdir(parents=True, exist_ok=True)
+    wheel = out / f"{dist}-0.1.0-{tag}-{tag}-linux_x86_64.whl"
     with zipfile.ZipFile(wheel, "w") as z:
         for name, data in files.items():
             z.writestr(name, data)
@@ -141,6 +145,7 @@ def gpu_machine(tmp_path, fake, stand_ins=STAND_INS, suite=None):
         (modules / name).mkdir(parents=True)
         (modules / name / "__init__.py").write_text(source)
     dev_wheel(tmp_path / "dist")
+    dev_wheel(tmp_path / "dist", importlib.import_module("cuda_kernel"))
     (tmp_path / "bench.py").write_text(BENCH)
     (tmp_path / "out").mkdir()
     return with_driver(
@@ -156,11 +161,13 @@ def gpu_test(env, *pytest_args):
 
 def test_the_gpu_script_runs_the_suite_then_the_benchmark(tmp_path, fake):
     env = gpu_machine(tmp_path, fake)
-    result = gpu_test(env, "-k", "test_host_to_device_and_back and float32 or a_host_to_device_copy_is_ready")
+    result = gpu_test(env, "-k", "test_host_to_device_and_back and float32 or a_host_to_device_copy_is_ready "
+                                 "or scale_runs_after_the_producers_work")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert f"from {tmp_path}/dlbridge-gpu-site" in output, "the wheel installed with --target is the dlbridge imported"
-    assert "JUnit: 7 tests, 0 failures, 0 errors, 0 skipped" in output, output[-3000:]
+    assert re.search(rf"cuda_kernel from {tmp_path}/dlbridge-gpu-site\S*/cuda_kernel/", output), "the example's wheel is imported"
+    assert "JUnit: 8 tests, 0 failures, 0 errors, 0 skipped" in output, output[-3000:]
     assert "stand-in benchmark ran" in output and (tmp_path / "out" / "bench_gpu.json").is_file()
     assert not list(tmp_path.rglob("pyvenv.cfg")), "a venv was made"
 

@@ -1,6 +1,7 @@
 //! CUDA through the driver API (feature `cuda`): stream hand-off with events
-//! and no host synchronisation, copies between host and device, and what the
-//! driver says a pointer is.
+//! and no host synchronisation, copies between host and device, what the
+//! driver says a pointer is, and for kernels written by hand, device memory
+//! that dlbridge owns and PTX modules launched on a stream.
 //!
 //! The driver is loaded when first needed (`libcuda.so.1`, the driver's own
 //! soname, then `libcuda.so`; a toolkit stub that says so is skipped), so a
@@ -27,15 +28,21 @@
 //! | `copies.rs` | copies to the host, to a device, on a device |
 //! | `gather.rs` | planning copies of a strided view's elements alone (2-D copies) |
 //! | `pointers.rs` | which device, and which kind of memory, a pointer is |
+//! | `allocate.rs` | tensors in fresh device memory that dlbridge owns, for kernels to fill |
+//! | `kernels.rs` | modules loaded from PTX, their functions, and launches on a stream |
 
+mod allocate;
 mod buffers;
 mod copies;
 mod gather;
 mod handoff;
+mod kernels;
 mod pointers;
 
+pub use allocate::empty;
 pub use copies::{copy_on_device, to_device, to_host};
 pub use handoff::{carry_out, order_streams, wait_on_host, ReadyEvent};
+pub use kernels::{Function, KernelArg, LaunchConfig, Module};
 pub use pointers::{pointer_device, pointer_place};
 
 use core::ffi::{c_int, c_uint, c_void};
@@ -86,6 +93,10 @@ struct Api {
     memcpy_htod: unsafe extern "C" fn(DevicePtr, *const c_void, usize) -> CuResult,
     memcpy_dtod_async: unsafe extern "C" fn(DevicePtr, DevicePtr, usize, Handle) -> CuResult,
     memcpy_2d_async: unsafe extern "C" fn(*const buffers::Memcpy2D, Handle) -> CuResult,
+    module_load_data: unsafe extern "C" fn(*mut Handle, *const c_void) -> CuResult,
+    module_get_function: unsafe extern "C" fn(*mut Handle, Handle, *const core::ffi::c_char) -> CuResult,
+    module_unload: unsafe extern "C" fn(Handle) -> CuResult,
+    launch_kernel: kernels::LaunchKernel,
 }
 
 fn check(call: &'static str, code: CuResult) -> Result<(), Error> {
@@ -155,6 +166,10 @@ fn api_of(lib: libloading::Library) -> Result<Api, Error> {
         memcpy_htod: symbol!("cuMemcpyHtoD_v2"),
         memcpy_dtod_async: symbol!("cuMemcpyDtoDAsync_v2"),
         memcpy_2d_async: symbol!("cuMemcpy2DAsync_v2"),
+        module_load_data: symbol!("cuModuleLoadData"),
+        module_get_function: symbol!("cuModuleGetFunction"),
+        module_unload: symbol!("cuModuleUnload"),
+        launch_kernel: symbol!("cuLaunchKernel"),
     };
     // SAFETY: cuInit may be called any number of times.
     check("cuInit", unsafe { (api.init)(0) })?;

@@ -109,6 +109,7 @@ pub extern "C" fn fake_cuda_primary_reset(device: i64) {
         let Some(context) = s.contexts.get_mut(device as usize) else { return Vec::new() };
         context.generation += 1;
         s.events.retain(|_, e| e.device != device);
+        crate::modules::forget_device(s, device);
         s.queues.retain(|key, _| key.device != device);
         for handle in s.handles.values_mut() {
             if handle.is_some_and(|key| key.device == device) {

@@ -27,6 +27,9 @@
 //!   old handles fail with CUDA_ERROR_CONTEXT_IS_DESTROYED. Every call but
 //!   `cuInit` fails with CUDA_ERROR_NOT_INITIALIZED before `cuInit`; `cuInit`
 //!   can be made to fail, and a copy named by `FAKE_CUDA_STUB` is a toolkit stub.
+//! - Modules ([`modules`]) are PTX text, for a CUDA 13.0 driver; a kernel
+//!   the fake knows by its entry name runs as Rust on the "device" memory
+//!   when its launch, queued on a stream like any work, is reached.
 //! - Blocking calls can be slowed (`fake_cuda_set_sync_delay_ms`), so that a test
 //!   can see whether the caller let other threads run meanwhile.
 //!
@@ -38,11 +41,13 @@
 //! | `capture.rs` | stream capture: its rules, graphs, and its test hooks |
 //! | `driver.rs` | the driver API functions dlbridge calls: initialisation, contexts, events, streams |
 //! | `memory.rs` | the driver API functions dlbridge calls: pointer attributes, allocations, copies |
+//! | `modules.rs` | modules from PTX, and launches of the kernels the fake knows |
 
 mod capture;
 mod driver;
 mod hooks;
 mod memory;
+mod modules;
 mod timeline;
 
 use std::cell::{Cell, RefCell};
@@ -108,6 +113,14 @@ enum Kind {
     EventSync = 15,
     /// stream, bytes (a 2-D copy; its rows only)
     Copy2D = 16,
+    /// module, entries
+    ModuleLoad = 17,
+    /// function, module
+    GetFunction = 18,
+    /// stream, function
+    Launch = 19,
+    /// module
+    ModuleUnload = 20,
 }
 
 /// What a known range of memory is.
@@ -167,6 +180,10 @@ struct State {
     captures: HashMap<u64, capture::Capture>,
     graphs: HashMap<u64, Vec<capture::Node>>,
     next_capture: u64,
+    /// Loaded modules and their functions, by handle.
+    modules: HashMap<usize, modules::Module>,
+    functions: HashMap<usize, modules::Function>,
+    next_module: usize,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -197,6 +214,9 @@ fn with_state<T>(body: impl FnOnce(&mut State) -> T) -> T {
         captures: HashMap::new(),
         graphs: HashMap::new(),
         next_capture: 1,
+        modules: HashMap::new(),
+        functions: HashMap::new(),
+        next_module: 1,
     });
     body(state)
 }

@@ -42,6 +42,8 @@ pub(crate) enum Work {
     Fill { dst: usize, count: usize, value: f32 },
     /// A host function, run on a thread of its own as the driver does.
     Host { func: HostFn, arg: usize },
+    /// A kernel launched with `cuLaunchKernel` (see `modules.rs`).
+    Kernel(crate::modules::Launch),
 }
 
 struct Op {
@@ -189,6 +191,7 @@ pub(crate) fn execute(work: &Work) {
                 unsafe { (*dst as *mut f32).add(i).write_unaligned(*value) };
             }
         }
+        Work::Kernel(launch) => launch.run(),
     }
 }
 

@@ -11,7 +11,7 @@ from producers import labelled
 
 KINDS = {1: "create", 2: "record", 3: "wait", 4: "destroy", 5: "sync", 6: "dtoh", 7: "htod", 8: "dtod",
          9: "alloc", 10: "free", 11: "alloc_host", 12: "free_host", 13: "pointer", 14: "alloc_managed",
-         15: "event_sync", 16: "copy2d"}
+         15: "event_sync", 16: "copy2d", 17: "module_load", 18: "get_function", 19: "launch", 20: "module_unload"}
 CU_EVENT_DISABLE_TIMING = 2
 MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
 HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -32,7 +32,7 @@ class FakeDriver:
         lib.fake_cuda_register_kind.argtypes = [sz, sz, i64, ctypes.c_int32]
         lib.fake_cuda_set_strict_pointer_queries.argtypes = [ctypes.c_bool]
         lib.fake_cuda_set_sync_delay_ms.argtypes = [u64]
-        for name in ("log_len", "live_events", "live_allocations", "context_depth"):
+        for name in ("log_len", "live_events", "live_allocations", "live_modules", "context_depth"):
             getattr(lib, f"fake_cuda_{name}").restype = sz
         lib.fake_cuda_stream_create.argtypes = [i64, ctypes.c_bool]
         lib.fake_cuda_stream_create.restype = sz
@@ -94,6 +94,9 @@ class FakeDriver:
 
     def live_allocations(self):
         return self.lib.fake_cuda_live_allocations()
+
+    def live_modules(self):
+        return self.lib.fake_cuda_live_modules()
 
     def context_depth(self):
         return self.lib.fake_cuda_context_depth()

@@ -1,0 +1,230 @@
+"""examples/cuda_kernel against the fake driver: a kernel written in Rust, launched on a producer's
+tensor. The fake runs the example's `scale_f32` (known by its PTX entry name) on its host-memory
+"device" buffers when the launch, queued on its stream, is reached. A producer's kernel fills its
+buffer with VALUE on stream P and stays queued, so a launch that does not wait for it reads the zeros
+that were there, and a reader that does not wait for the launch reads the zeros of fresh memory."""
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import cuda_kernel  # examples/cuda_kernel, which ./dev builds into the venv
+import dlbridge
+from fake_cuda import StreamProducer
+from producers import ready_stream, table_producer
+
+VALUE = 7.0
+N = 4
+
+
+def busy(driver, stream, device=(2, 0), value=VALUE, count=N):
+    """`count` float32s of device memory, zero now, that a kernel queued on `stream` fills with `value`."""
+    a = driver.device_array(count, device)
+    driver.fill(stream, a.ctypes.data, count, value, device[1])
+    return a
+
+
+def rows(driver, *kinds):
+    return [r for r in driver.log() if r[0] in kinds]
+
+
+def no_host_sync(driver):
+    assert not rows(driver, "sync", "event_sync"), f"a host synchronisation: {driver.log()}"
+
+
+def test_scale_runs_after_the_producers_work_and_its_result_is_ready_on_that_stream(driver):
+    P, C = driver.stream(), driver.stream()
+    a = busy(driver, P)
+    x, _ = table_producer(work_stream=P, make=lambda: driver.over(a))  # torch's way: the exchange table
+    driver.clear()
+    r = cuda_kernel.scale(x, 2.0)
+    assert isinstance(r, dlbridge.Tensor) and r.device == (2, 0) and r.shape == (N,) and r.dtype == "float32"
+    assert r._writability == "writable" and not r.readonly, "fresh memory the caller owns"
+    no_host_sync(driver)
+    calls = [(k, a if k in ("launch", "wait") else b if k == "record" else None)
+             for k, a, b, _ in driver.log() if k not in ("module_load", "get_function")]  # loaded once per process
+    assert calls == [("alloc", None), ("launch", P), ("create", None), ("record", P), ("wait", 1), ("destroy", None)], (
+        "the result's memory, the launch on P, an event recorded after it; handed to dlbridge.Tensor, the legacy "
+        f"stream waits for that event, which is then released: {driver.log()}")
+    assert driver.pending(P) == 2, "the producer's kernel and the launch wait on P: nothing ran on the host's behalf"
+    assert driver.peek(r.data_ptr, N) == [0.0] * N, "fresh memory, not yet written"
+    r.__dlpack__(stream=C, max_version=(1, 3))
+    assert driver.read(C, r.data_ptr, N) == [2 * VALUE] * N, "C read before the launch, or the launch before the fill"
+    assert driver.peek(a.ctypes.data, N) == [VALUE] * N, "the argument is left as it was"
+
+
+def test_a_dunder_dlpack_producers_tensor_is_launched_on_the_legacy_stream(driver):
+    """CuPy's way: `__dlpack__(stream=1)` makes the legacy stream wait for the producer's work; the
+    kernel runs there, and a consumer on the legacy stream needs no wait at all."""
+    P = driver.stream()
+    x = StreamProducer(driver, busy(driver, P), P)
+    driver.clear()
+    r = cuda_kernel.scale(x, 0.5)
+    assert x.calls[-1]["stream"] == 1
+    assert [r_[1] for r_ in rows(driver, "launch")] == [1]
+    assert not rows(driver, "record"), "ready on the legacy stream: no event to keep"
+    assert ready_stream(r) == 1
+    assert dlbridge.from_dlpack(r, device="cpu").tolist() == [VALUE / 2] * N
+
+
+def test_scale_in_place_writes_the_callers_memory_on_its_stream(driver):
+    P = driver.stream()
+    a = busy(driver, P)
+    x, _ = table_producer(work_stream=P, make=lambda: driver.over(a))
+    driver.clear()
+    assert cuda_kernel.scale_(x, 3.0) is None
+    assert [r_[1] for r_ in rows(driver, "launch")] == [P]
+    assert not rows(driver, "alloc", "record", "wait"), driver.log()
+    assert driver.peek(a.ctypes.data, N) == [0.0] * N, "queued, not run"
+    assert driver.read(P, a.ctypes.data, N) == [3 * VALUE] * N, "the caller's later work on P sees the result"
+
+
+def test_a_consumer_on_another_stream_waits_through_dlbridges_own_import(driver):
+    P, C = driver.stream(), driver.stream()
+    x, _ = table_producer(work_stream=P, make=lambda: driver.over(busy(driver, P)))
+    r = cuda_kernel.scale(x, -1.0)
+    t = dlbridge.from_dlpack(r, stream=C)
+    no_host_sync(driver)
+    assert driver.read(C, t.data_ptr, N) == [-VALUE] * N
+
+
+def test_a_tensor_on_device_1_gets_a_module_and_memory_there(driver):
+    P = driver.stream(device=1)
+    a = busy(driver, P, (2, 1))
+    x, _ = table_producer(device=(2, 1), work_stream=P, make=lambda: driver.over(a, (2, 1)))
+    driver.clear()
+    r = cuda_kernel.scale(x, 2.0)
+    assert r.device == (2, 1)
+    for kind in ("alloc", "launch", "module_load", "get_function"):
+        assert all(row[3] == 1 for row in rows(driver, kind)), f"{kind} outside device 1's context: {driver.log()}"
+    assert dlbridge.from_dlpack(r, device="cpu").tolist() == [2 * VALUE] * N
+
+
+def test_the_module_is_loaded_once_per_device(driver):
+    P = driver.stream()
+    x, _ = table_producer(work_stream=P, make=lambda: driver.over(busy(driver, P)))
+    cuda_kernel.scale(x, 2.0)
+    live = driver.live_modules()
+    driver.clear()
+    for _ in range(3):
+        cuda_kernel.scale(x, 2.0)
+        cuda_kernel.scale_(x, 1.0)
+    assert not rows(driver, "module_load", "get_function") and driver.live_modules() == live
+    assert len(rows(driver, "launch")) == 6
+
+
+def test_many_elements_are_covered_by_the_grid_stride_loop(driver):
+    """More elements than the example's largest grid has threads (256 x 4096)."""
+    n = 256 * 4096 + 1000
+    P = driver.stream()
+    a = busy(driver, P, count=n, value=1.5)
+    x, _ = table_producer(work_stream=P, make=lambda: driver.over(a))
+    cuda_kernel.scale_(x, 2.0)
+    driver.run(P)
+    assert a[0] == 3.0 and a[-1] == 3.0 and (a == 3.0).all()
+
+
+def test_the_result_is_freed_after_the_kernel_ran(driver):
+    P = driver.stream()
+    x, _ = table_producer(work_stream=P, make=lambda: driver.over(busy(driver, P)))
+    before = driver.live_allocations()
+    r = cuda_kernel.scale(x, 2.0)
+    assert driver.live_allocations() == before + 1
+    driver.clear()
+    del r
+    gc.collect()
+    assert driver.live_allocations() == before
+    assert driver.pending(P) == 0, "cuMemFree waited for the device's work, the launch included"
+    assert driver.kinds()[-1] == "free", driver.log()
+
+
+def test_empty_tensors_launch_nothing(driver):
+    empty, _ = table_producer(make=lambda: driver.over(driver.device_array(0)))
+    driver.clear()
+    r = cuda_kernel.scale(empty, 2.0)
+    cuda_kernel.scale_(empty, 2.0)
+    assert r.shape == (0,) and not rows(driver, "launch")
+
+
+@pytest.mark.parametrize("call", ["scale", "scale_"])
+def test_a_mismatched_argument_is_a_type_error_naming_both(driver, call):
+    # Capsules kept in variables: the test helper's destructor (a ctypes callback) must not run while
+    # the call's exception is set.
+    f64 = driver.device_fake([0.0] * 8, shape=(4,))
+    f64.tensor.dtype.bits = 64
+    capsule = f64.capsule()
+    with pytest.raises(TypeError, match=r"^expected a float32 C-contiguous CUDA tensor, got a PyCapsule of float64 with shape \(4,\) on cuda:0"):
+        getattr(cuda_kernel, call)(capsule, 2.0)
+    capsule = driver.device_fake([1.0, 2.0, 3.0, 4.0], shape=(2,), strides=(2,)).capsule()
+    with pytest.raises(TypeError, match=r"^expected a float32 C-contiguous CUDA tensor, got a PyCapsule of float32 with shape \(2,\), strided on cuda:0"):
+        getattr(cuda_kernel, call)(capsule, 2.0)
+    assert not rows(driver, "launch", "alloc")
+
+
+def test_a_read_only_argument_is_scaled_into_a_copy_and_refused_in_place(driver):
+    P = driver.stream()
+    a = busy(driver, P)
+
+    def read_only():
+        fake = driver.over(a)
+        fake.managed.flags = 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+        return fake
+
+    x, _ = table_producer(work_stream=P, make=read_only)
+    assert dlbridge.from_dlpack(cuda_kernel.scale(x, 2.0), device="cpu").tolist() == [2 * VALUE] * N
+    driver.clear()
+    with pytest.raises(BufferError, match="marked it read-only"):
+        cuda_kernel.scale_(x, 2.0)
+    assert not rows(driver, "launch")
+    assert driver.peek(a.ctypes.data, N) == [VALUE] * N
+
+
+def test_a_result_too_large_for_the_device_is_a_memory_error(driver):
+    """The fake's devices hold 1 GiB; the argument claims 4 GiB (its memory is never touched)."""
+    big = driver.over(driver.device_array(4))
+    big.shape[0] = 1 << 30
+    x, _ = table_producer(make=lambda: big)
+    driver.clear()
+    with pytest.raises(MemoryError, match=r"cuMemAlloc failed with CUresult 2 \(CUDA_ERROR_OUT_OF_MEMORY\)"):
+        cuda_kernel.scale(x, 2.0)
+    assert not rows(driver, "launch", "alloc")
+
+
+def test_threads_loading_the_kernel_at_once_neither_deadlock_nor_leak_a_module():
+    """In a fresh process, with every blocking call (the PTX compilation included) slowed to 0.3 s:
+    the first calls of two threads load the module without the GIL; neither waits for the other
+    while holding it, and a module loaded twice is unloaded once."""
+    code = textwrap.dedent("""
+        import sys, threading
+        sys.path[:0] = sys.argv[1:]
+        import cuda_kernel, dlbridge
+        from fake_cuda import FakeDriver
+        from producers import table_producer
+        driver = FakeDriver()
+        a = driver.device_array(4, value=2.0)
+        x, _ = table_producer(work_stream=0, make=lambda: driver.over(a))
+        driver.sync_delay(300)
+        out = {}
+        def call(i):
+            out[i] = dlbridge.from_dlpack(cuda_kernel.scale(x, float(i)), device="cpu").tolist()
+        threads = [threading.Thread(target=call, args=(i,)) for i in (1, 3)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        driver.sync_delay(0)
+        kinds = driver.kinds()
+        loads, unloads = kinds.count("module_load"), kinds.count("module_unload")
+        assert out == {1: [2.0] * 4, 3: [6.0] * 4}, out
+        assert loads - unloads == 1 and driver.live_modules() == 1, (loads, unloads, driver.live_modules())
+        print("done", loads)
+    """)
+    here = os.path.dirname(__file__)
+    try:
+        result = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)], capture_output=True,
+                                text=True, env=os.environ, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("deadlock: a thread waited for the kernel's lock while holding the GIL the loader needs")
+    assert result.returncode == 0 and "done" in result.stdout, result.stdout + result.stderr
