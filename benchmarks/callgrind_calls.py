@@ -149,10 +149,11 @@ def build():
 # ---- reading callgrind's output ---------------------------------------------------------------
 
 def parse(path):
-    """(label, {(object, file, function): self instructions}) of one dump (uncompressed names)."""
-    label, costs = None, defaultdict(int)
-    ob = fl = fi = fn = None
-    skip_next = False
+    """One dump (uncompressed names): (label, self costs by (object, file, function), and calls
+    by (callee object, callee, caller object, caller file, caller, line) as [count, inclusive])."""
+    label, costs, calls = None, defaultdict(int), defaultdict(lambda: [0, 0])
+    ob = fl = fi = fn = cob = cfn = None
+    call = None  # the count of the call whose inclusive cost the next cost line holds
     for line in Path(path).read_text(errors="replace").splitlines():
         if line.startswith("desc: Trigger: Client Request: "):
             label = line[len("desc: Trigger: Client Request: "):].strip()
@@ -163,17 +164,25 @@ def parse(path):
         elif line.startswith(("fi=", "fe=")):
             fi = line[3:]
         elif line.startswith("fn="):
-            fn, fi = line[3:], fl
+            fn, fi, cob = line[3:], fl, None
+        elif line.startswith("cob="):
+            cob = line[4:]
+        elif line.startswith("cfn="):
+            cfn = line[4:]
         elif line.startswith("calls="):
-            skip_next = True  # the next cost line is the callee's inclusive cost
+            call = int(line[6:].split()[0])
         elif line and (line[0].isdigit() or line[0] in "+-*"):
-            if skip_next:
-                skip_next = False
-                continue
             parts = line.split()
-            if len(parts) >= 2:
+            if len(parts) < 2:
+                continue
+            if call is not None:
+                entry = calls[(cob or ob, cfn, ob, fi, fn, parts[0])]
+                entry[0] += call
+                entry[1] += int(parts[1])
+                call, cob = None, None
+            else:
                 costs[(ob, fi, fn)] += int(parts[1])
-    return label, costs
+    return label, costs, calls
 
 
 SOURCES = [("dlbridge-pyo3/src/borrows/", "registry"), ("dlbridge-pyo3/src/", "dlbridge-pyo3"),
@@ -219,14 +228,13 @@ def group(ob, file, fn):
 def report(dumps, calls, top):
     by_case = defaultdict(dict)
     for path in dumps:
-        label, costs = parse(path)
+        label, costs, calls = parse(path)
         if label and "|" in label and not label.endswith("|warm-up"):
             name, count = label.rsplit("|", 1)
-            by_case[name][int(count)] = costs
+            by_case[name][int(count)] = (costs, calls)
     for name, runs in by_case.items():
-        (n1, c1), (n2, c2) = sorted(runs.items())
-        keys = set(c1) | set(c2)
-        per = {k: (c2.get(k, 0) - c1.get(k, 0)) / (n2 - n1) for k in keys}
+        ((n1, (c1, k1)), (n2, (c2, k2))) = sorted(runs.items())
+        per = {k: (c2.get(k, 0) - c1.get(k, 0)) / (n2 - n1) for k in set(c1) | set(c2)}
         total = sum(per.values())
         groups, details, functions = defaultdict(float), defaultdict(float), defaultdict(float)
         for (ob, file, fn), v in per.items():
@@ -245,6 +253,20 @@ def report(dumps, calls, top):
         for (ob, fn), v in sorted(functions.items(), key=lambda kv: -kv[1])[:top]:
             if v >= 1:
                 print(f"     {v:8,.0f}  {ob[:28]:<28} {fn[:110]}")
+        sites = defaultdict(lambda: [0.0, 0.0])
+        for key in set(k1) | set(k2):
+            cob, cfn, ob, file, fn, line = key
+            what = group(cob, None, cfn)[0]
+            if what.startswith(("allocation", "memcpy")):
+                (a1, i1), (a2, i2) = k1.get(key, (0, 0)), k2.get(key, (0, 0))
+                site = sites[(cfn, fn, f"{group(ob, file, fn)[1]}:{line}")]
+                site[0] += (a2 - a1) / (n2 - n1)
+                site[1] += (i2 - i1) / (n2 - n1)
+        shown = [(k, v) for k, v in sorted(sites.items(), key=lambda kv: -kv[1][1]) if v[0] >= 0.01]
+        if shown:
+            print("   calls into allocation and memcpy, by call site (calls per call, instructions inclusive):")
+            for (callee, caller, at), (count, cost) in shown[:top]:
+                print(f"     {cost:8,.0f}  {count:4.1f}x {callee[:30]:<30} from {caller[:70]} ({at[-45:]})")
 
 
 def main():
