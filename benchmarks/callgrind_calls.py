@@ -150,9 +150,10 @@ def build():
 
 def parse(path):
     """One dump (uncompressed names): (label, self costs by (object, file, function), and calls
-    by (callee object, callee, caller object, caller file, caller, line) as [count, inclusive])."""
+    by (callee object, callee file, callee, caller object, caller file, caller, line) as
+    [count, inclusive])."""
     label, costs, calls = None, defaultdict(int), defaultdict(lambda: [0, 0])
-    ob = fl = fi = fn = cob = cfn = None
+    ob = fl = fi = fn = cob = cfi = cfn = None
     call = None  # the count of the call whose inclusive cost the next cost line holds
     for line in Path(path).read_text(errors="replace").splitlines():
         if line.startswith("desc: Trigger: Client Request: "):
@@ -167,6 +168,8 @@ def parse(path):
             fn, fi, cob = line[3:], fl, None
         elif line.startswith("cob="):
             cob = line[4:]
+        elif line.startswith(("cfi=", "cfl=")):
+            cfi = line[4:]
         elif line.startswith("cfn="):
             cfn = line[4:]
         elif line.startswith("calls="):
@@ -176,7 +179,7 @@ def parse(path):
             if len(parts) < 2:
                 continue
             if call is not None:
-                entry = calls[(cob or ob, cfn, ob, fi, fn, parts[0])]
+                entry = calls[(cob or ob, cfi, cfn, ob, fi, fn, parts[0])]
                 entry[0] += call
                 entry[1] += int(parts[1])
                 call, cob = None, None
@@ -189,6 +192,9 @@ SOURCES = [("dlbridge-pyo3/src/borrows/", "registry"), ("dlbridge-pyo3/src/", "d
            ("dlbridge/src/", "dlbridge core"), ("bindings/python/src/", "dlbridge module"),
            ("/pyo3-0.", "PyO3"), ("/pyo3-ffi-0.", "PyO3"), ("/numpy-0.", "rust-numpy"),
            ("/ndarray-0.", "ndarray"), ("benchmarks/ext/", "bench function")]
+
+
+RUST_OBJECTS = ("dlbridge_bench_ext", "_native", "numpy_bench_ext")
 
 
 def group(ob, file, fn):
@@ -220,7 +226,7 @@ def group(ob, file, fn):
         return "tvm-ffi", fn
     if "nanobind" in obname:
         return "nanobind", fn
-    if obname.startswith(("dlbridge_bench_ext", "_native", "numpy_bench_ext")):
+    if obname.startswith(RUST_OBJECTS):
         return f"{obname.split('.')[0]} (no line info)", fn
     return f"other ({obname})", fn
 
@@ -254,14 +260,23 @@ def report(dumps, calls, top):
             if v >= 1:
                 print(f"     {v:8,.0f}  {ob[:28]:<28} {fn[:110]}")
         sites = defaultdict(lambda: [0.0, 0.0])
+        inclusive = defaultdict(float, functions)
         for key in set(k1) | set(k2):
-            cob, cfn, ob, file, fn, line = key
-            what = group(cob, None, cfn)[0]
-            if what.startswith(("allocation", "memcpy")):
-                (a1, i1), (a2, i2) = k1.get(key, (0, 0)), k2.get(key, (0, 0))
+            cob, _, cfn, ob, file, fn, line = key
+            (a1, i1), (a2, i2) = k1.get(key, (0, 0)), k2.get(key, (0, 0))
+            count, cost = (a2 - a1) / (n2 - n1), (i2 - i1) / (n2 - n1)
+            if cfn != fn:  # a recursive call is in the function's own cost already
+                inclusive[(os.path.basename(ob or "?"), fn)] += cost
+            if group(cob, None, cfn)[0].startswith(("allocation", "memcpy")):
                 site = sites[(cfn, fn, f"{group(ob, file, fn)[1]}:{line}")]
-                site[0] += (a2 - a1) / (n2 - n1)
-                site[1] += (i2 - i1) / (n2 - n1)
+                site[0] += count
+                site[1] += cost
+        ours = [(k, v) for k, v in sorted(inclusive.items(), key=lambda kv: -kv[1])
+                if k[0].startswith(RUST_OBJECTS) and re.match(r"<?(dlbridge|numpy|pyo3)", k[1] or "") and v >= 1]
+        if ours:
+            print("   Rust functions of the extension, inclusive (their code, inlined code and all they call):")
+            for (ob, fn), v in ours[:top]:
+                print(f"     {v:8,.0f}  {ob[:28]:<28} {fn[:110]}")
         shown = [(k, v) for k, v in sorted(sites.items(), key=lambda kv: -kv[1][1]) if v[0] >= 0.01]
         if shown:
             print("   calls into allocation and memcpy, by call site (calls per call, instructions inclusive):")
