@@ -70,8 +70,10 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
     parser.add_argument("--ext-dir", help="where benchmarks/ext/build.py put the extensions (./dev bench passes it)")
     parser.add_argument("--ext-only", action="store_true", help="only the extension-call rows")
+    parser.add_argument("--rounds", type=int, help="rounds per row (default 7; more on a busy machine)")
     args = parser.parse_args()
     number, repeat = (2_000, 3) if args.quick else (20_000, 7)
+    repeat = args.rounds or repeat
 
     import torch
     import tvm_ffi

@@ -150,10 +150,9 @@ def build():
 
 def parse(path):
     """One dump (uncompressed names): (label, self costs by (object, file, function), and calls
-    by (callee object, callee file, callee, caller object, caller file, caller, line) as
-    [count, inclusive])."""
+    by (callee object, callee, caller object, caller file, caller, line) as [count, inclusive])."""
     label, costs, calls = None, defaultdict(int), defaultdict(lambda: [0, 0])
-    ob = fl = fi = fn = cob = cfi = cfn = None
+    ob = fl = fi = fn = cob = cfn = None
     call = None  # the count of the call whose inclusive cost the next cost line holds
     for line in Path(path).read_text(errors="replace").splitlines():
         if line.startswith("desc: Trigger: Client Request: "):
@@ -168,8 +167,6 @@ def parse(path):
             fn, fi, cob = line[3:], fl, None
         elif line.startswith("cob="):
             cob = line[4:]
-        elif line.startswith(("cfi=", "cfl=")):
-            cfi = line[4:]
         elif line.startswith("cfn="):
             cfn = line[4:]
         elif line.startswith("calls="):
@@ -179,7 +176,7 @@ def parse(path):
             if len(parts) < 2:
                 continue
             if call is not None:
-                entry = calls[(cob or ob, cfi, cfn, ob, fi, fn, parts[0])]
+                entry = calls[(cob or ob, cfn, ob, fi, fn, parts[0])]
                 entry[0] += call
                 entry[1] += int(parts[1])
                 call, cob = None, None
@@ -231,7 +228,7 @@ def group(ob, file, fn):
     return f"other ({obname})", fn
 
 
-def report(dumps, calls, top):
+def report(dumps, top):
     by_case = defaultdict(dict)
     for path in dumps:
         label, costs, calls = parse(path)
@@ -262,7 +259,7 @@ def report(dumps, calls, top):
         sites = defaultdict(lambda: [0.0, 0.0])
         inclusive = defaultdict(float, functions)
         for key in set(k1) | set(k2):
-            cob, _, cfn, ob, file, fn, line = key
+            cob, cfn, ob, file, fn, line = key
             (a1, i1), (a2, i2) = k1.get(key, (0, 0)), k2.get(key, (0, 0))
             count, cost = (a2 - a1) / (n2 - n1), (i2 - i1) / (n2 - n1)
             if cfn != fn:  # a recursive call is in the function's own cost already
@@ -316,7 +313,7 @@ def main():
         sys.exit(f"callgrind run failed ({proc.returncode}); the end of {log}:\n" +
                  "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
     report(sorted(out.glob("cg.*"), key=lambda p: int(p.name.rsplit(".", 1)[-1]) if p.name.count(".") > 1 else 0),
-           args.calls, args.top)
+           args.top)
 
 
 if __name__ == "__main__":
