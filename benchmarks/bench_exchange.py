@@ -95,8 +95,7 @@ def extension_rows(ext_dir, number, repeat):
         print("extension-call rows left out: no --ext-dir (./dev bench builds the extensions and passes it)")
         return None
     print(f"\nextension calls (benchmarks/ext/): dlbridge = dlbridge-pyo3; peers {', '.join(bench_extensions.PEERS)}")
-    print_header()
-    return bench_extensions.run(row, number, repeat, ext_dir)
+    return bench_extensions.run(row, print_header, number, repeat, ext_dir)
 
 
 def print_header():

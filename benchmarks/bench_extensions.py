@@ -76,11 +76,24 @@ def bind(fn, args):
     return lambda: fn(a, b, c)
 
 
-def run(row, number, repeat, ext_dir):
+def check_can_fail():
+    """check() must refuse a reader with the wrong sum and a writer that does not write."""
+    make = makers()["numpy"]
+    for fn, writes in [(lambda x: 0.0, False), (lambda x: None, True)]:
+        try:
+            check("a broken function", fn, make, 1, writes)
+        except AssertionError:
+            continue
+        raise RuntimeError("bench_extensions.check passed a broken function: the rows would prove nothing")
+
+
+def run(row, header, number, repeat, ext_dir):
     """Times every function for every argument kind; returns {kind: {function: ratio to best peer}}."""
+    check_can_fail()
     modules, missing = load(ext_dir)
     for name, why in missing.items():
         print(f"  {name}: not built, so left out of these rows: {why}")
+    header()
     if OURS not in modules:
         raise RuntimeError(f"the dlbridge-pyo3 bench extension did not load: {missing.get(OURS)}")
     ratios = {}
@@ -89,9 +102,15 @@ def run(row, number, repeat, ext_dir):
         ratios[kind] = {}
         for fn_name, what, arity in FUNCTIONS:
             writes = fn_name.startswith("scale")
-            fns = {name: getattr(modules[name], fn_name) for name in (OURS, *peers)}
-            for name, fn in fns.items():
-                check(f"{name} {fn_name}({kind})", fn, make, arity, writes)
+            fns = {OURS: getattr(modules[OURS], fn_name)}
+            check(f"{OURS} {fn_name}({kind})", fns[OURS], make, arity, writes)
+            for name in peers:
+                fn = getattr(modules[name], fn_name)
+                try:
+                    check(f"{name} {fn_name}({kind})", fn, make, arity, writes)
+                    fns[name] = fn
+                except Exception as err:  # a peer that fails is reported and left out, never timed
+                    print(f"  {name} left out of {fn_name}({kind}): {type(err).__name__}: {err}")
             contenders = {name: bind(fn, [make() for _ in range(arity)]) for name, fn in fns.items()}
             ours = contenders.pop(OURS)
             target = "<= 1.0" if kind in ("numpy", "torch") else None
