@@ -1,6 +1,10 @@
 """Per-call cost of DLPack exchanges: dlbridge and its peers, side by side, in one process.
 
-    ./dev bench            # or: python benchmarks/bench_exchange.py [--json FILE] [--quick]
+    ./dev bench            # or: python benchmarks/bench_exchange.py [--json FILE] [--quick] [--ext-dir DIR]
+
+`./dev bench` first builds the extensions of benchmarks/ext/ (benchmarks/ext/build.py) and passes
+their folder as --ext-dir: the extension-call rows (bench_extensions.py) time the same functions
+written with dlbridge-pyo3, rust-numpy, nanobind and tvm-ffi's C++ API.
 
 Each row times one operation for dlbridge and for each peer doing the same thing, in turn within
 each of several rounds, reports each one's best round in ns per call, and the ratio of dlbridge's
@@ -21,6 +25,7 @@ import timeit
 
 import numpy as np
 
+import bench_extensions
 import dlbridge
 
 ROWS = []
@@ -56,25 +61,56 @@ def row(name, ours, peers, number, repeat, target=None):
     ratio_text = "" if ratio is None else f"{ratio:5.2f}x {best_label}"
     target_text = f"  (target {target})" if target else ""
     print(f"{name:<44} {ours_ns:>12,.0f} ns   {ratio_text:<28} [{peers_text}]{target_text}", flush=True)
+    return ratio, best_label
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    parser.add_argument("--ext-dir", help="where benchmarks/ext/build.py put the extensions (./dev bench passes it)")
+    parser.add_argument("--ext-only", action="store_true", help="only the extension-call rows")
+    parser.add_argument("--rounds", type=int, help="rounds per row (default 7; more on a busy machine)")
     args = parser.parse_args()
     number, repeat = (2_000, 3) if args.quick else (20_000, 7)
+    repeat = args.rounds or repeat
 
+    import torch
+    import tvm_ffi
+
+    print(f"dlbridge {dlbridge.__version__}, numpy {np.__version__}, torch {torch.__version__}, "
+          f"tvm_ffi {tvm_ffi.__version__}; best of {repeat} rounds x {number} calls")
+    if not args.ext_only:
+        module_rows(args, number, repeat)
+    extension_ratios = extension_rows(args.ext_dir, number, repeat)
+    if extension_ratios:
+        bench_extensions.print_summary(extension_ratios)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": ROWS, "extension_ratios": extension_ratios, "python": sys.version}, f, indent=2)
+
+
+def extension_rows(ext_dir, number, repeat):
+    if not ext_dir:
+        print("extension-call rows left out: no --ext-dir (./dev bench builds the extensions and passes it)")
+        return None
+    print(f"\nextension calls (benchmarks/ext/): dlbridge = dlbridge-pyo3; peers {', '.join(bench_extensions.PEERS)}")
+    return bench_extensions.run(row, print_header, number, repeat, ext_dir)
+
+
+def print_header():
+    print(f"{'operation':<44} {'dlbridge':>15}   {'ratio to best peer':<28} [peers, ns]")
+
+
+def module_rows(args, number, repeat):
     import torch
     import tvm_ffi
 
     a = np.ones((4, 4), dtype=np.float32)
     x = torch.ones((4, 4), dtype=torch.float32)
     ours = dlbridge.from_dlpack(a)
-    print(f"dlbridge {dlbridge.__version__}, numpy {np.__version__}, torch {torch.__version__}, "
-          f"tvm_ffi {tvm_ffi.__version__}; best of {repeat} x {number}\n")
-    print(f"{'operation':<44} {'dlbridge':>15}   {'ratio to best peer':<28} [peers, ns]")
-
+    print("\nmodule calls")
+    print_header()
     row("from_dlpack(numpy (4,4))", lambda: dlbridge.from_dlpack(a),
         {"tvm_ffi.from_dlpack": lambda: tvm_ffi.from_dlpack(a), "np.from_dlpack": lambda: np.from_dlpack(a)},
         number, repeat, "<= 0.8")
@@ -133,10 +169,6 @@ def main():
         ROWS.append({"operation": f"size independence {label}", "ns_by_bytes": {str(k): round(v, 1) for k, v in times.items()},
                      "ratio": round(ratio, 3), "target": "<= 1.05"})
         print(f"  {label:<24} " + "  ".join(f"{k:>10}B {v:6.0f}" for k, v in times.items()) + f"   ratio {ratio:.3f}")
-
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": ROWS, "python": sys.version}, f, indent=2)
 
 
 if __name__ == "__main__":
