@@ -40,7 +40,7 @@ def check_wheel(path, version, problems):
         problems.append(f"{path.name}: expected cpXY-cpXY-{want_plat}")
     with zipfile.ZipFile(path) as z:
         names = z.namelist()
-        info = f"dlbridge-{version}.dist-info"
+        info = f"dlbridge-{ver}.dist-info"
         wheel = Parser().parsestr(z.read(f"{info}/WHEEL").decode())
         tags = sorted(wheel.get_all("Tag") or [])
         want_tags = sorted(f"{pytag}-{abitag}-{p}" for p in plat.split("."))
@@ -72,7 +72,9 @@ def check_metadata(where, meta, version, problems):
 
 
 def check_sdist(path, version, problems):
-    top = f"dlbridge-{version}"
+    top = path.name[: -len(".tar.gz")]
+    if top != f"dlbridge-{version}":
+        problems.append(f"{path.name}: expected dlbridge-{version}.tar.gz")
     with tarfile.open(path) as tar:
         names = set(tar.getnames())
         meta = Parser().parsestr(tar.extractfile(f"{top}/PKG-INFO").read().decode())
