@@ -24,8 +24,8 @@
 # Python versions: CPython 3.10 to 3.14, every version that PyO3 0.30 supports (3.9 to 3.14, 3.15
 # unreleased) and that is still maintained: 3.9 reached its end of life in October 2025, and the
 # libraries dlbridge exists to connect have left it (NumPy 2.1+, torch 2.9+). Free-threaded builds
-# (3.13t, 3.14t) are not built: the module declares that it needs the GIL. One wheel per version:
-# abi3 cannot serve them (README.md, "Releases").
+# (3.13t, 3.14t) are not built: the code relies on the GIL and has not been reviewed or tested
+# without it. One wheel per version: abi3 would cost speed (README.md, "Releases").
 #
 # The tools (requirements/release.txt) live in $DLBRIDGE_CACHE/release-venv, the test venv in
 # $DLBRIDGE_CACHE/wheel-venv (rebuilt when requirements/test.txt changes), the release builds in
