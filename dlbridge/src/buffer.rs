@@ -131,7 +131,19 @@ impl Drop for AlignedBuffer {
     }
 }
 
-/// A zero-filled, writable, row-major CPU tensor of `dtype` and `shape`.
+/// A zero-filled, writable, row-major CPU tensor of `dtype` and `shape`, in
+/// 64-byte aligned memory ([`ALIGNMENT`]). The ABI is a type parameter: name it.
+///
+/// ```
+/// use dlbridge::{zeros, DataType, OwnedTensor, ALIGNMENT};
+///
+/// let mut t: OwnedTensor = zeros(DataType::FLOAT64, &[2, 2])?;
+/// assert_eq!(t.view().as_slice::<f64>(), Some(&[0.0; 4][..]));
+/// assert_eq!(t.view().as_ptr() as usize % ALIGNMENT, 0);
+/// t.try_view_mut()?.try_as_slice_mut::<f64>()?[3] = 1.5;
+/// assert_eq!(t.view().as_slice::<f64>().map(|s| s[3]), Some(1.5));
+/// # Ok::<(), dlbridge::Error>(())
+/// ```
 pub fn zeros<M: ManagedAbi>(dtype: DataType, shape: &[i64]) -> Result<Owned<M>, Error> {
     dtype.validate()?;
     let numel = crate::layout::element_count(shape)?;

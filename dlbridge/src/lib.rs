@@ -50,6 +50,8 @@
 //! see ([`export::export_raw`], [`export::export_view`]). The caller vouches
 //! for those pointers; the crate checks every value behind them.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+// On docs.rs (and `./dev docs`), each item says which crate feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Nothing on an import or export path may panic on foreign input: the few
 // remaining `expect`s are allowed one by one, each with the reason it cannot fire.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::unreachable, clippy::todo, clippy::unimplemented))]

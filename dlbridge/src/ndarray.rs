@@ -152,6 +152,20 @@ impl<'a> TensorViewMut<'a> {
 impl<M: ManagedAbi> Owned<M> {
     /// Exports an owned array without copying, in whatever layout it has
     /// (negative strides included). The array is dropped by the deleter.
+    ///
+    /// ```
+    /// use dlbridge::OwnedTensor;
+    /// use ndarray::{array, Ix2};
+    ///
+    /// let a = array![[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]].reversed_axes(); // 3x2, column-major
+    /// let address = a.as_ptr();
+    /// let t = OwnedTensor::from_array(a)?;
+    /// assert_eq!((t.view().shape(), t.view().strides()), (&[3i64, 2][..], &[1i64, 3][..]));
+    /// assert_eq!(t.view().as_ptr().cast::<f32>(), address); // no copy
+    /// let back = t.view().try_as_array::<f32, Ix2>()?;
+    /// assert_eq!(back[[2, 1]], 6.0);
+    /// # Ok::<(), dlbridge::Error>(())
+    /// ```
     pub fn from_array<T: Element, D: Dimension + Send + 'static>(array: Array<T, D>) -> Result<Self, Error> {
         // The array is uniquely owned, so it is writable.
         export_array(array, |a| a.as_mut_ptr(), 0)

@@ -187,6 +187,20 @@ impl<M: ManagedAbi> Owned<M> {
     /// result is [marked aliased](Self::mark_aliased), nothing else may write the
     /// data while a read from [`view`](Self::view) lives, nor access it while a
     /// view from [`try_view_mut`](Self::try_view_mut) lives.
+    ///
+    /// ```
+    /// use dlbridge::OwnedTensor;
+    ///
+    /// // A pointer as a C producer hands it over (here made by dlbridge itself).
+    /// let raw = OwnedTensor::from_vec(vec![1u8, 2, 3], &[3])?.into_raw();
+    /// // SAFETY: `raw` is a live managed tensor that nothing else owns or uses.
+    /// let t = unsafe { OwnedTensor::from_raw(raw) }?;
+    /// assert_eq!(t.view().as_slice::<u8>(), Some(&[1, 2, 3][..]));
+    /// drop(t); // calls the producer's deleter, once
+    /// // SAFETY: NULL is allowed, and refused.
+    /// assert!(unsafe { OwnedTensor::from_raw(core::ptr::null_mut()) }.is_err());
+    /// # Ok::<(), dlbridge::Error>(())
+    /// ```
     pub unsafe fn from_raw(ptr: *mut M) -> Result<Self, Error> {
         // SAFETY: forwarded from the caller.
         unsafe { Self::try_from_raw(ptr) }.map_err(|(err, ptr)| {

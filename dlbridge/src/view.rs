@@ -96,6 +96,35 @@ impl<'a> TensorView<'a> {
     ///   [`Owned::mark_aliased`](crate::Owned::mark_aliased)).
     ///
     /// Everything else (ndim, extents, dtype, NULL pointers, overflow) is checked.
+    ///
+    /// ```
+    /// use dlbridge::ffi::DLTensor;
+    /// use dlbridge::{DataType, Device, TensorView};
+    ///
+    /// // A DLTensor as a C producer fills it in: here over a local array.
+    /// let data = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    /// let mut shape = [2i64, 3];
+    /// let mut tensor = DLTensor {
+    ///     data: data.as_ptr().cast_mut().cast(),
+    ///     device: Device::CPU,
+    ///     ndim: 2,
+    ///     dtype: DataType::FLOAT32,
+    ///     shape: shape.as_mut_ptr(),
+    ///     strides: core::ptr::null_mut(), // row-major
+    ///     byte_offset: 0,
+    /// };
+    /// // SAFETY: shape holds ndim extents; `data` holds the 6 elements the layout
+    /// // reaches, outlives the view, and nothing writes it meanwhile.
+    /// let view = unsafe { TensorView::from_dltensor(&tensor, false) }?;
+    /// assert_eq!((view.strides(), view.as_slice::<f32>()), (&[3i64, 1][..], Some(&data[..])));
+    ///
+    /// // A malformed tensor is an error, not undefined behaviour.
+    /// shape[1] = -3;
+    /// tensor.shape = shape.as_mut_ptr();
+    /// // SAFETY: as above.
+    /// assert!(unsafe { TensorView::from_dltensor(&tensor, false) }.is_err());
+    /// # Ok::<(), dlbridge::Error>(())
+    /// ```
     pub unsafe fn from_dltensor(tensor: &DLTensor, padded: bool) -> Result<Self, Error> {
         let ndim = usize::try_from(tensor.ndim)
             .ok()

@@ -47,10 +47,13 @@ def with_driver(tmp_path, fake, **env):
 
 def test_the_cuda_layer_against_a_fake_driver(tmp_path, fake):
     env = with_driver(tmp_path, fake, DLBRIDGE_FAKE_DRIVER_CHILD="1")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "fake_driver")],
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(HERE / "fake_driver")],
                             capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout.splitlines()[-1] and "skipped" not in result.stdout.splitlines()[-1], result.stdout[-500:]
+    lines = result.stdout.splitlines()
+    # No test may skip, but for those that call the `testing` hooks in a run against a release wheel (conftest.py).
+    skips = [line for line in lines if line.startswith("SKIPPED") and "`testing` feature's hooks" not in line]
+    assert " passed" in lines[-1] and not skips, result.stdout[-2000:]
 
 
 PROBE = "import dlbridge, numpy as np; t = dlbridge.from_dlpack(np.arange(3.0), device=(2, 0)); " \

@@ -49,6 +49,23 @@ pub struct RawLayout<'s> {
 /// Every byte that the layout reaches from `data` must stay valid (readable,
 /// and writable unless `flags` has READ_ONLY) until `owner` is dropped, and
 /// nothing else may write it while the tensor is shared, unless it is read-only.
+///
+/// ```
+/// use dlbridge::export::{export_raw, RawLayout};
+/// use dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
+/// use dlbridge::{DataType, Device, OwnedTensor};
+///
+/// // Memory that a Vec owns, exported from its second element on (byte_offset 4).
+/// let mut words = vec![0u32, 7, 8, 9];
+/// let data = words.as_mut_ptr().cast();
+/// let layout = RawLayout { dtype: DataType::UINT32, device: Device::CPU, shape: &[3], strides: None, byte_offset: 4 };
+/// // SAFETY: the Vec is the owner: its heap memory stays put until the deleter drops it,
+/// // and the layout reaches bytes 4..16 of its 16. Read-only: nothing writes them.
+/// let t: OwnedTensor = unsafe { export_raw(words, data, layout, DLPACK_FLAG_BITMASK_READ_ONLY) }?;
+/// assert!(t.is_read_only());
+/// assert_eq!(t.view().try_as_slice::<u32>()?, &[7, 8, 9]);
+/// # Ok::<(), dlbridge::Error>(())
+/// ```
 pub unsafe fn export_raw<M: ManagedAbi, O: Send + 'static>(
     owner: O,
     data: *mut c_void,
@@ -139,6 +156,20 @@ impl<M: ManagedAbi> Owned<M> {
     /// `strides` are in elements and may be negative; `None` means row-major.
     /// Element 0 is placed so that the lowest element the layout reaches is the
     /// first of the slice. The layout must stay inside the slice.
+    ///
+    /// ```
+    /// use dlbridge::OwnedTensor;
+    ///
+    /// // The columns of a row-major 2x3 matrix, as a 3x2 tensor over the same Box.
+    /// let data: Box<[u16]> = vec![0, 1, 2, 3, 4, 5].into_boxed_slice();
+    /// let mut t = OwnedTensor::from_owner_mut(data, &[3, 2], Some(&[1, 3]))?;
+    /// assert_eq!(t.view().strides(), &[1, 3]);
+    /// assert!(!t.is_read_only());
+    /// assert!(t.try_view_mut()?.try_as_slice_mut::<u16>().is_err()); // not row-major: no slice
+    /// // A layout that reaches past the slice is refused.
+    /// assert!(OwnedTensor::from_owner_mut(vec![0u16; 5], &[3, 2], Some(&[1, 3])).is_err());
+    /// # Ok::<(), dlbridge::Error>(())
+    /// ```
     pub fn from_owner_mut<O, T>(owner: O, shape: &[i64], strides: Option<&[i64]>) -> Result<Self, Error>
     where
         O: DerefMut<Target = [T]> + Send + 'static,
@@ -153,6 +184,18 @@ impl<M: ManagedAbi> Owned<M> {
 
     /// Exports a read-only tensor over the elements of `owner` (an `Arc<[T]>`,
     /// a memory map, ...). The tensor carries READ_ONLY.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use dlbridge::OwnedTensor;
+    ///
+    /// let shared: Arc<[f64]> = Arc::from(vec![1.0, 2.0, 3.0, 4.0]);
+    /// let mut t = OwnedTensor::from_owner(Arc::clone(&shared), &[2, 2], None)?;
+    /// assert!(t.is_read_only());
+    /// assert_eq!(t.view().as_slice::<f64>(), Some(&shared[..]));
+    /// assert!(t.try_view_mut().is_err()); // READ_ONLY: no writes
+    /// # Ok::<(), dlbridge::Error>(())
+    /// ```
     pub fn from_owner<O, T>(owner: O, shape: &[i64], strides: Option<&[i64]>) -> Result<Self, Error>
     where
         O: Deref<Target = [T]> + Send + 'static,
@@ -166,6 +209,16 @@ impl<M: ManagedAbi> Owned<M> {
     }
 
     /// Exports a `Vec` as a writable row-major tensor of the given shape.
+    ///
+    /// ```
+    /// use dlbridge::{DataType, OwnedTensor};
+    ///
+    /// let t = OwnedTensor::from_vec(vec![1i32, 2, 3, 4, 5, 6], &[2, 3])?;
+    /// assert_eq!((t.view().shape(), t.view().dtype()), (&[2i64, 3][..], DataType::INT32));
+    /// // The shape must hold exactly the Vec's elements.
+    /// assert!(OwnedTensor::from_vec(vec![0u8; 5], &[2, 3]).is_err());
+    /// # Ok::<(), dlbridge::Error>(())
+    /// ```
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[i64]) -> Result<Self, Error> {
         Self::from_owner_mut(data, shape, None)
     }

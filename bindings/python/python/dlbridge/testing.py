@@ -36,7 +36,15 @@ __all__ = ["ConformanceReport", "Case", "DLPackWarning", "check_producer", "chec
 
 
 def rules(role: Optional[str] = None) -> List[Rule]:
-    """The rules for a "producer" or a "consumer" (exchange API rules count as producer rules), or all."""
+    """The rules for a "producer" or a "consumer" (exchange API rules count as producer rules), or all.
+
+        >>> from dlbridge.testing import rules
+        >>> r = rules("producer")[0]
+        >>> r.id, r.level
+        ('producer.keywords', 'MUST')
+        >>> len(rules()) == len(rules("producer")) + len(rules("consumer"))
+        True
+    """
     return select(role)
 
 
@@ -46,11 +54,37 @@ def explain(result: Result) -> str:
 
 
 class DLPackWarning(UserWarning):
-    """A SHOULD rule broken: a conformance warning, not a failure."""
+    """A SHOULD rule broken: a conformance warning, not a failure. `Case.check` issues it, so pytest
+    shows it in the warnings summary; `-W error::dlbridge.testing.DLPackWarning` makes it fail.
+
+        >>> import warnings
+        >>> from dlbridge.testing import DLPackWarning
+        >>> with warnings.catch_warnings(record=True) as seen:
+        ...     warnings.simplefilter("always")
+        ...     warnings.warn(DLPackWarning("producer.x: ..."))
+        >>> seen[0].category is DLPackWarning and issubclass(DLPackWarning, UserWarning)
+        True
+    """
 
 
 @dataclass
 class ConformanceReport:
+    """The results of one role's rules on one target. `str(report)` is the checker's plain text;
+    `assert_ok()` raises AssertionError naming each MUST rule broken.
+
+        >>> import numpy as np
+        >>> from dlbridge.testing import check_consumer
+        >>> report = check_consumer(np.from_dlpack, only=["consumer.negative-strides"], isolate=False)
+        >>> report.ok, report.failures, report.warnings
+        (True, [], [])
+        >>> report.results
+        [Result(rule='consumer.negative-strides', status='pass', detail='...')]
+        >>> report.assert_ok()
+        >>> print(report)
+        dlbridge check from_dlpack
+          PASS  consumer.negative-strides: ...
+    """
+
     target: str
     results: List[Result]
 
@@ -66,6 +100,7 @@ class ConformanceReport:
 
     @property
     def ok(self):
+        """No MUST rule broken."""
         return not self.failures
 
     def __str__(self):
@@ -74,6 +109,7 @@ class ConformanceReport:
         return "\n".join(render.plain([(self.target, self.results)]))
 
     def assert_ok(self):
+        """Raises AssertionError naming each MUST rule broken, what happened and its sentence."""
         if self.failures:
             raise AssertionError(f"{self.target} breaks {len(self.failures)} DLPack rule(s):\n"
                                  + "\n".join(explain(r) for r in self.failures))
@@ -118,19 +154,41 @@ def _check(role, fn, skip, only, isolate, name, ignores_readonly):
 def check_producer(make: Callable, *, skip: Sequence[str] = (), only: Sequence[str] = (), isolate=None,
                    name=None) -> ConformanceReport:
     """Runs the producer (and C exchange API) rules on arrays from make(shape[, readonly=True]).
-    `make` may also be a "module:function" string or a library name ("numpy")."""
+    `make` may also be a "module:function" string or a library name ("numpy"). Rules run in a child
+    process when `make` is importable by name (isolate=None), so a crash is a failed rule.
+
+        >>> import numpy as np
+        >>> from dlbridge.testing import check_producer
+        >>> check_producer(np.zeros, only=["producer.versioned", "producer.keywords"]).ok
+        True
+        >>> check_producer("numpy", skip=["producer.keywords"], isolate=False).target
+        'numpy'
+    """
     return _check("producer", make, skip, only, isolate, name, None)
 
 
 def check_consumer(from_dlpack: Callable, *, ignores_readonly=None, skip: Sequence[str] = (),
                    only: Sequence[str] = (), isolate=None, name=None) -> ConformanceReport:
     """Runs the consumer rules on from_dlpack(x). `ignores_readonly=True` declares that the library has no
-    read-only arrays, so results of READ_ONLY imports are writable by design (as the array API prefers)."""
+    read-only arrays, so results of READ_ONLY imports are writable by design (as the array API prefers).
+
+        >>> import dlbridge
+        >>> from dlbridge.testing import check_consumer
+        >>> report = check_consumer(dlbridge.from_dlpack, name="dlbridge")
+        >>> report.ok, report.target
+        (True, 'dlbridge')
+    """
     return _check("consumer", from_dlpack, skip, only, isolate, name, ignores_readonly)
 
 
 def check(spec: str, **kwargs) -> List[ConformanceReport]:
-    """Both roles of a library named as on the command line ("numpy", "mylib", "pkg.mod:function")."""
+    """Both roles of a library named as on the command line ("numpy", "mylib", "pkg.mod:function"), as
+    `python -m dlbridge check` runs them: a report per role the target has.
+
+        >>> from dlbridge.testing import check
+        >>> [(r.target, r.ok) for r in check("numpy", only=["producer.versioned", "consumer.negative-strides"])]
+        [('numpy', True), ('numpy', True)]
+    """
     from ._check.targets import resolve
 
     target = resolve(spec)
@@ -144,7 +202,17 @@ def check(spec: str, **kwargs) -> List[ConformanceReport]:
 
 class Case:
     """One rule against one target, for pytest parametrization: check() fails with the rule's sentence,
-    and skips when the rule does not apply. Results of isolated runs are computed once, for all cases."""
+    warns (DLPackWarning) for a SHOULD rule, and skips when the rule does not apply. Results of
+    isolated runs are computed once, for all cases. `conformance_cases` makes them.
+
+        >>> import numpy as np
+        >>> from dlbridge.testing import conformance_cases
+        >>> case = conformance_cases(producer=np.zeros, isolate=False)[0].values[0]
+        >>> case
+        producer.keywords
+        >>> case.rule.level, case.check()
+        ('MUST', None)
+    """
 
     def __init__(self, rule: Rule, run: Callable[[], Result]):
         self.rule, self._run = rule, run
@@ -169,7 +237,14 @@ class Case:
 def conformance_cases(producer=None, consumer=None, *, ignores_readonly=None, skip: Sequence[str] = (),
                       isolate=None):
     """pytest.param(Case) per rule for `producer` (a make(shape) callable) and/or `consumer` (a
-    from_dlpack), ids set to the rule ids."""
+    from_dlpack), ids set to the rule ids: `@pytest.mark.parametrize("case", conformance_cases(...))`.
+
+        >>> import numpy as np
+        >>> from dlbridge.testing import conformance_cases, rules
+        >>> params = conformance_cases(producer=np.zeros, consumer=np.from_dlpack)
+        >>> len(params) == len(rules()), params[0].id
+        (True, 'producer.keywords')
+    """
     import pytest
 
     cases = []
@@ -190,7 +265,15 @@ def conformance_cases(producer=None, consumer=None, *, ignores_readonly=None, sk
 
 
 def conformance_tests(producer=None, consumer=None, **kwargs):
-    """A test function, parametrized over every rule: `test_dlpack = conformance_tests(...)`."""
+    """A test function, parametrized over every rule: `test_dlpack = conformance_tests(...)` in a test
+    module gives one pytest test per rule.
+
+        >>> import numpy as np
+        >>> from dlbridge.testing import conformance_tests
+        >>> test_dlpack = conformance_tests(producer=np.zeros)
+        >>> test_dlpack.__name__, len(test_dlpack.pytestmark[0].args[1])
+        ('test_dlpack_conformance', 27)
+    """
     import pytest
 
     @pytest.mark.parametrize("case", conformance_cases(producer, consumer, **kwargs))

@@ -62,6 +62,17 @@ def expect(condition, message):
 
 @dataclass(frozen=True)
 class Rule:
+    """One checkable sentence of a specification: its id, its strength (MUST, SHOULD, MAY), where it
+    is written and its words, and the probe that tests a target against it.
+
+        >>> from dlbridge.testing import rules
+        >>> r = next(r for r in rules() if r.id == "producer.keywords")
+        >>> r.role, r.applies_to, r.level, r.source
+        ('producer', 'producer', 'MUST', 'array-api')
+        >>> r.citation().startswith("MUST: " + r.reference())
+        True
+    """
+
     id: str  # "producer.copy-true": role, then name
     title: str  # what must hold, one line
     level: str  # MUST, SHOULD or MAY: the quoted sentence's strength
@@ -106,6 +117,16 @@ def rule(id, title, level, source, section, quote):
 
 @dataclass
 class Result:
+    """The verdict of one rule on one target: status is "pass", "noted", "warn", "fail" or "n/a",
+    with what happened in `detail`.
+
+        >>> import numpy as np
+        >>> from dlbridge.testing import check_producer
+        >>> (result,) = check_producer(np.zeros, only=["producer.keywords"], isolate=False).results
+        >>> result.rule, result.status, result.as_dict()["level"]
+        ('producer.keywords', 'pass', 'MUST')
+    """
+
     rule: str
     status: str  # one of STATUSES
     detail: str = ""
