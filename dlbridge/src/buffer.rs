@@ -6,7 +6,8 @@ use core::ptr::NonNull;
 
 use crate::error::Error;
 use crate::ffi::DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
-use crate::owned::{ManagedAbi, Owned};
+use crate::managed_abi::ManagedAbi;
+use crate::owned::Owned;
 use crate::{export, DataType, Device};
 
 /// Alignment of every buffer this crate allocates; JAX copies data that is not

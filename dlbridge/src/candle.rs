@@ -9,7 +9,8 @@ use crate::dtype::{DataType, DataTypeCode};
 use crate::error::Error;
 use crate::export::{export_raw, RawLayout};
 use crate::ffi::{DLManagedTensorVersioned, DLPACK_FLAG_BITMASK_READ_ONLY};
-use crate::owned::{ManagedAbi, Owned};
+use crate::managed_abi::ManagedAbi;
+use crate::owned::Owned;
 use crate::view::TensorView;
 use crate::{Device, DeviceType};
 

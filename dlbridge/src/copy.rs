@@ -8,7 +8,8 @@
 
 use crate::buffer::AlignedBuffer;
 use crate::error::Error;
-use crate::owned::{Owned, ManagedAbi};
+use crate::managed_abi::ManagedAbi;
+use crate::owned::Owned;
 use crate::view::TensorView;
 
 /// An owned, C-contiguous copy of `view`, with IS_COPIED set on versioned

@@ -73,6 +73,7 @@ pub mod layout;
 pub mod streams;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod managed_abi;
 mod owned;
 #[cfg(feature = "ndarray")]
 mod ndarray;
@@ -88,7 +89,8 @@ pub use device::{Device, DeviceType};
 pub use dtype::{DataType, DataTypeCode};
 pub use element::Element;
 pub use error::Error;
-pub use owned::{OwnedLegacyTensor, Owned, ManagedAbi, OwnedTensor};
+pub use managed_abi::ManagedAbi;
+pub use owned::{Owned, OwnedLegacyTensor, OwnedTensor};
 pub use layout::MAX_NDIM;
 pub use view::TensorView;
 pub use view_mut::TensorViewMut;

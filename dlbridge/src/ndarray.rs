@@ -12,7 +12,8 @@ use crate::error::Error;
 use crate::export::{export_placed, place_owner};
 use crate::layout::{extent_of, Small};
 use crate::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
-use crate::owned::{Owned, ManagedAbi};
+use crate::managed_abi::ManagedAbi;
+use crate::owned::Owned;
 use crate::view::TensorView;
 use crate::view_mut::TensorViewMut;
 

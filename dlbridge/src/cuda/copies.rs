@@ -7,114 +7,18 @@
 //! ([`gather`](super::gather)), and a copy is never left with elements that
 //! share memory (a broadcast is made contiguous), since copies are writable.
 
-use core::ffi::{c_uint, c_void};
+use core::ffi::c_void;
 
-use super::buffers::{DeviceBuffer, Memcpy2D, PinnedBuffer};
-use super::gather::{self, Gather};
+use super::buffers::{DeviceBuffer, PinnedBuffer};
+use super::copy_plan::{device_copy, DeviceCopy, extent, is_dense, layout_of, padded_flags, queue_gather, require_cuda, staging, thin_gather};
 use super::{awake_device, capturing, check, host_side, in_context, queue_on, stream_handle, wait_on_host, DevicePtr};
 use crate::error::Error;
 use crate::export::{export_raw, RawLayout};
 use crate::ffi::DLManagedTensorVersioned;
-use crate::owned::{ManagedAbi, Owned};
+use crate::managed_abi::ManagedAbi;
+use crate::owned::Owned;
 use crate::view::TensorView;
 use crate::{Device, DeviceType};
-
-const CU_MEMORYTYPE_HOST: c_uint = 1;
-const CU_MEMORYTYPE_DEVICE: c_uint = 2;
-/// A gather of more 2-D copies than this copies the byte extent instead.
-const MAX_GATHER_COPIES: usize = 1024;
-
-/// The byte extent of a view: its lowest byte and length, and element 0's offset in it.
-fn extent(view: &TensorView<'_>) -> (usize, usize, usize) {
-    let range = view.byte_range();
-    (range.start, range.len(), (view.as_ptr() as usize).wrapping_sub(range.start))
-}
-
-/// Whether the view's extent holds each element once and nothing else: a copy
-/// of the extent is then compact, with no shared elements.
-fn is_dense(view: &TensorView<'_>) -> bool {
-    view.is_non_overlapping() && view.byte_range().len() == view.nbytes()
-}
-
-/// Bytes per element as stored: the dtype's, or one for padded sub-byte data;
-/// `None` for packed sub-byte data, which is only ever copied by its extent.
-fn element_bytes(view: &TensorView<'_>) -> Option<usize> {
-    view.dtype().itemsize().or(view.is_subbyte_padded().then_some(1))
-}
-
-/// The gather of a thin view's elements, when it saves more than half the extent.
-fn thin_gather(view: &TensorView<'_>) -> Option<Gather> {
-    let g = gather::plan(view.shape(), view.strides(), element_bytes(view)?, MAX_GATHER_COPIES)?;
-    (g.len.saturating_mul(2) < view.byte_range().len()).then_some(g)
-}
-
-/// What is staged of `view` by a copy: `gather`'s compact buffer or the byte
-/// extent, as (bytes, element strides there, element 0's byte offset there).
-fn staging(view: &TensorView<'_>, gather: Option<&Gather>) -> (usize, Vec<i64>, usize) {
-    match (gather, element_bytes(view)) {
-        (Some(g), Some(size)) => (g.len, g.strides.clone(), g.first * size),
-        _ => {
-            let (_, len, first) = extent(view);
-            (len, view.strides().to_vec(), first)
-        }
-    }
-}
-
-fn layout_of<'v>(view: &'v TensorView<'_>, device: Device) -> RawLayout<'v> {
-    RawLayout { dtype: view.dtype(), device, shape: view.shape(), strides: Some(view.strides()), byte_offset: 0 }
-}
-
-/// The flags a copy of `view` carries: IS_SUBBYTE_TYPE_PADDED for padded
-/// sub-byte data, which a legacy tensor cannot carry (refused then).
-fn padded_flags<M: ManagedAbi>(view: &TensorView<'_>) -> Result<u64, Error> {
-    if !view.is_subbyte_padded() {
-        return Ok(0);
-    }
-    if !M::VERSIONED {
-        return Err(Error::UnsupportedDtype { dtype: view.dtype(), operation: "a legacy tensor, which cannot flag padding," });
-    }
-    Ok(crate::ffi::DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED)
-}
-
-fn require_cuda(view: &TensorView<'_>) -> Result<(), Error> {
-    match view.device().device_type {
-        DeviceType::CUDA | DeviceType::CUDA_MANAGED => Ok(()),
-        _ => Err(Error::NotOnCuda { device: view.device() }),
-    }
-}
-
-/// Queues `g`'s 2-D copies from device memory at `src` (element 0) to `dst`
-/// (host memory, or device memory when `to_device`) on `stream`.
-///
-/// # Safety
-/// The source reaches the view's elements (the producer's promise), `dst`
-/// holds `g.len` bytes, and `stream` is a live stream of the current context.
-unsafe fn queue_gather(api: &super::Api, g: &Gather, src: usize, dst: usize, to_device: bool, stream: i64) -> Result<(), Error> {
-    for rows in &g.copies {
-        let (to_host, to_dev) = (dst.wrapping_add(rows.dst), dst.wrapping_add(rows.dst));
-        let copy = Memcpy2D {
-            src_x_in_bytes: 0,
-            src_y: 0,
-            src_memory_type: CU_MEMORYTYPE_DEVICE,
-            src_host: core::ptr::null(),
-            src_device: src.wrapping_add_signed(rows.src) as DevicePtr,
-            src_array: core::ptr::null_mut(),
-            src_pitch: rows.src_pitch,
-            dst_x_in_bytes: 0,
-            dst_y: 0,
-            dst_memory_type: if to_device { CU_MEMORYTYPE_DEVICE } else { CU_MEMORYTYPE_HOST },
-            dst_host: if to_device { core::ptr::null_mut() } else { core::ptr::with_exposed_provenance_mut(to_host) },
-            dst_device: if to_device { to_dev as DevicePtr } else { 0 },
-            dst_array: core::ptr::null_mut(),
-            dst_pitch: rows.dst_pitch,
-            width_in_bytes: rows.width,
-            height: rows.height,
-        };
-        // SAFETY: rows of the view's elements into the caller's buffer, on its stream.
-        check("cuMemcpy2DAsync", unsafe { (api.memcpy_2d_async)(&copy, stream_handle(stream)) })?;
-    }
-    Ok(())
-}
 
 /// A host copy of a CUDA tensor whose data is ready on stream `ready` (`None`:
 /// the legacy default): copied on that stream, which is then waited for (a
@@ -319,33 +223,6 @@ pub unsafe fn copy_on_device<M: ManagedAbi>(view: &TensorView<'_>, ready: Option
     let mut owned: Owned<M> = unsafe { export_raw(buffer, data, layout, padded) }?;
     owned.mark_copied();
     Ok(owned)
-}
-
-/// How a device copy is made.
-enum DeviceCopy {
-    /// The byte extent, the layout kept: dense, or with gaps but no shared elements.
-    Extent,
-    /// The elements alone, into a compact layout.
-    Gather(Gather),
-    /// A broadcast, made contiguous on the host.
-    ThroughHost,
-}
-
-fn device_copy(view: &TensorView<'_>) -> DeviceCopy {
-    if is_dense(view) {
-        return DeviceCopy::Extent;
-    }
-    if let Some(g) = thin_gather(view).filter(|g| g.distinct) {
-        return DeviceCopy::Gather(g);
-    }
-    if view.is_non_overlapping() {
-        return DeviceCopy::Extent;
-    }
-    // Overlapping elements (a sliding window) get places of their own.
-    match element_bytes(view).and_then(|size| gather::plan(view.shape(), view.strides(), size, MAX_GATHER_COPIES)) {
-        Some(g) if g.distinct => DeviceCopy::Gather(g),
-        _ => DeviceCopy::ThroughHost,
-    }
 }
 
 /// [`copy_on_device`] through pinned host memory: a compact host copy, then

@@ -34,6 +34,7 @@
 mod allocate;
 mod buffers;
 mod copies;
+mod copy_plan;
 mod gather;
 mod handoff;
 mod kernels;

@@ -10,7 +10,8 @@ use crate::element::Element;
 use crate::error::Error;
 use crate::ffi::DLTensor;
 use crate::layout::{row_major_strides_into, Placement, Small};
-use crate::owned::{ManagedAbi, Owned};
+use crate::managed_abi::ManagedAbi;
+use crate::owned::Owned;
 use crate::view::TensorView;
 use crate::Device;
 

@@ -17,7 +17,8 @@ use crate::element::Element;
 use crate::error::Error;
 use crate::ffi::DLPACK_FLAG_BITMASK_READ_ONLY;
 use crate::layout::{element_count, extent_of, place_in_buffer, MAX_NDIM};
-use crate::owned::{ManagedAbi, Owned};
+use crate::managed_abi::ManagedAbi;
+use crate::owned::Owned;
 
 pub(crate) use block::{export_placed, place_owner};
 use block::{discard_block, write_block};
