@@ -146,13 +146,18 @@ impl Drop for AlignedBuffer {
 /// # Ok::<(), dlbridge::Error>(())
 /// ```
 pub fn zeros<M: ManagedAbi>(dtype: DataType, shape: &[i64]) -> Result<Owned<M>, Error> {
+    AlignedBuffer::zeroed(packed_bytes(dtype, shape)?)?.into_tensor(dtype, shape)
+}
+
+/// The bytes a packed row-major tensor of `dtype` and `shape` needs: an error
+/// for an invalid dtype, a negative shape or a size that overflows `usize`.
+pub(crate) fn packed_bytes(dtype: DataType, shape: &[i64]) -> Result<usize, Error> {
     dtype.validate()?;
     let numel = crate::layout::element_count(shape)?;
-    let bytes = dtype
+    dtype
         .storage_bytes(numel as u64, false)
         .and_then(|b| usize::try_from(b).ok())
-        .ok_or_else(|| Error::SizeOverflow { shape: shape.to_vec() })?;
-    AlignedBuffer::zeroed(bytes)?.into_tensor(dtype, shape)
+        .ok_or_else(|| Error::SizeOverflow { shape: shape.to_vec() })
 }
 
 #[cfg(test)]

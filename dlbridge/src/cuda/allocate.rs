@@ -21,12 +21,7 @@ use crate::{DataType, Device, OwnedTensor};
 /// CUDA_ERROR_INVALID_DEVICE; a negative or overflowing shape, as
 /// [`zeros`](crate::zeros).
 pub fn empty(dtype: DataType, shape: &[i64], device_id: i32) -> Result<OwnedTensor, Error> {
-    dtype.validate()?;
-    let numel = crate::layout::element_count(shape)?;
-    let bytes = dtype
-        .storage_bytes(numel as u64, false)
-        .and_then(|b| usize::try_from(b).ok())
-        .ok_or_else(|| Error::SizeOverflow { shape: shape.to_vec() })?;
+    let bytes = crate::buffer::packed_bytes(dtype, shape)?;
     let buffer = DeviceBuffer::new(device_id, bytes)?;
     let data = core::ptr::without_provenance_mut(buffer.ptr as usize);
     let layout = RawLayout { dtype, device: Device::cuda(device_id), shape, strides: None, byte_offset: 0 };
