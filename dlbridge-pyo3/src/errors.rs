@@ -28,6 +28,7 @@ pub fn exception_name(err: &Error) -> &'static core::ffi::CStr {
         Error::UnknownDtypeName { .. }
         | Error::StridesLength { .. }
         | Error::OutOfBounds { .. }
+        | Error::ElementCount { .. }
         | Error::RankMismatch { .. }
         | Error::InvalidStream { .. } => c"ValueError",
         Error::DtypeMismatch { .. } => c"TypeError",

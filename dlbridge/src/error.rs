@@ -89,6 +89,15 @@ pub enum Error {
         /// The strides' length.
         found: usize,
     },
+    /// A row-major shape needs another number of elements than the data holds.
+    ElementCount {
+        /// The shape asked for.
+        shape: Vec<i64>,
+        /// The elements it needs.
+        needs: usize,
+        /// The elements the data holds.
+        has: usize,
+    },
     /// A layout reaches elements outside the buffer that should hold them.
     OutOfBounds {
         /// Lowest element index reached (may be negative).
@@ -239,6 +248,9 @@ impl fmt::Display for Error {
             Error::NullData { elements } => write!(f, "data is NULL but the tensor has {elements} elements"),
             Error::StridesLength { expected, found } => {
                 write!(f, "strides has {found} entries but shape has {expected}")
+            }
+            Error::ElementCount { shape, needs, has } => {
+                write!(f, "shape {shape:?} needs {needs} elements, the data has {has}")
             }
             Error::OutOfBounds { lowest, highest, len } => write!(
                 f,

@@ -217,10 +217,15 @@ impl<M: ManagedAbi> Owned<M> {
     /// let t = OwnedTensor::from_vec(vec![1i32, 2, 3, 4, 5, 6], &[2, 3])?;
     /// assert_eq!((t.view().shape(), t.view().dtype()), (&[2i64, 3][..], DataType::INT32));
     /// // The shape must hold exactly the Vec's elements.
-    /// assert!(OwnedTensor::from_vec(vec![0u8; 5], &[2, 3]).is_err());
+    /// let err = OwnedTensor::from_vec(vec![0u8; 5], &[2, 3]).unwrap_err();
+    /// assert_eq!(err.to_string(), "shape [2, 3] needs 6 elements, the data has 5");
     /// # Ok::<(), dlbridge::Error>(())
     /// ```
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[i64]) -> Result<Self, Error> {
+        let needs = crate::layout::element_count(shape)?;
+        if needs != data.len() {
+            return Err(Error::ElementCount { shape: shape.to_vec(), needs, has: data.len() });
+        }
         Self::from_owner_mut(data, shape, None)
     }
 }

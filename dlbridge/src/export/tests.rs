@@ -58,6 +58,10 @@ fn layouts_outside_the_buffer_are_refused() {
     let err = OwnedTensor::from_owner_mut(Counted(vec![0.0; 5], drops.clone()), &[2, 3], None).unwrap_err();
     assert!(matches!(err, Error::OutOfBounds { highest: 5, len: 5, .. }), "{err}");
     assert_eq!(drops.load(Ordering::SeqCst), 1, "the owner is dropped on error");
+    for len in [5, 7] {
+        let err = OwnedTensor::from_vec(vec![0u8; len], &[2, 3]).unwrap_err();
+        assert!(matches!(err, Error::ElementCount { needs: 6, has, .. } if has == len), "{err}");
+    }
     let err = OwnedTensor::from_vec(vec![0u8; 4], &[2, -2]).unwrap_err();
     assert!(matches!(err, Error::NegativeDimension { axis: 1, size: -2 }));
     let err = OwnedTensor::from_owner_mut(vec![0u8; 4], &[2, 2], Some(&[1])).unwrap_err();
