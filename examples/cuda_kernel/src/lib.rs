@@ -40,10 +40,16 @@ fn scale_kernel(device_id: i32) -> PyResult<Function> {
     // GIL, and another thread holding the GIL may be waiting for the lock.
     let f = Module::from_ptx(device_id, PTX).and_then(|m| m.function(c"scale_f32")).map_err(to_py_err)?;
     let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
-    Ok(cached(&loaded).unwrap_or_else(|| {
-        loaded.push(f.clone());
-        f
-    }))
+    if let Some(first) = cached(&loaded) {
+        // Another thread loaded it meanwhile. Our module is unloaded, which
+        // releases the GIL: only after the lock is released, or a thread
+        // holding the GIL and waiting for the lock would never get it back.
+        drop(loaded);
+        drop(f);
+        return Ok(first);
+    }
+    loaded.push(f.clone());
+    Ok(f)
 }
 
 /// Where to launch work on an argument's data: the stream it is ready on, or

@@ -47,6 +47,14 @@ pub extern "C" fn fake_cuda_set_sync_delay_ms(ms: u64) {
     with_state(|s| s.sync_delay_ms = ms);
 }
 
+/// Makes `cuModuleUnload` take `ms` milliseconds more (the real one waits
+/// for the device's work that uses the module), to widen the window in which
+/// another thread runs while one unloads.
+#[no_mangle]
+pub extern "C" fn fake_cuda_set_unload_delay_ms(ms: u64) {
+    with_state(|s| s.unload_delay_ms = ms);
+}
+
 /// How many rows the log holds.
 #[no_mangle]
 pub extern "C" fn fake_cuda_log_len() -> usize {

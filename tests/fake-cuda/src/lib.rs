@@ -171,6 +171,8 @@ struct State {
     strict_pointer_queries: bool,
     /// How long each blocking call sleeps.
     sync_delay_ms: u64,
+    /// How much longer `cuModuleUnload` sleeps.
+    unload_delay_ms: u64,
     queues: HashMap<StreamKey, Queue>,
     /// Stream handles tests created: handle -> its queue, `None` once destroyed.
     handles: HashMap<usize, Option<StreamKey>>,
@@ -207,6 +209,7 @@ fn with_state<T>(body: impl FnOnce(&mut State) -> T) -> T {
         log: Vec::new(),
         strict_pointer_queries: false,
         sync_delay_ms: 0,
+        unload_delay_ms: 0,
         queues: HashMap::new(),
         handles: HashMap::new(),
         free_handles: Vec::new(),

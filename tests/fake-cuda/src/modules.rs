@@ -251,6 +251,10 @@ pub extern "C" fn cuModuleUnload(module: usize) -> CuResult {
             s.functions.retain(|_, f| f.module != module);
             Ok::<(), CuResult>(())
         })?;
+        // The real unload waits for the device's work that uses the module.
+        blocking_delay();
+        let extra = with_state(|s| s.unload_delay_ms);
+        std::thread::sleep(std::time::Duration::from_millis(extra));
         log(Kind::ModuleUnload, module as i64, 0);
         Ok(())
     })())

@@ -32,6 +32,7 @@ class FakeDriver:
         lib.fake_cuda_register_kind.argtypes = [sz, sz, i64, ctypes.c_int32]
         lib.fake_cuda_set_strict_pointer_queries.argtypes = [ctypes.c_bool]
         lib.fake_cuda_set_sync_delay_ms.argtypes = [u64]
+        lib.fake_cuda_set_unload_delay_ms.argtypes = [u64]
         for name in ("log_len", "live_events", "live_allocations", "live_modules", "context_depth"):
             getattr(lib, f"fake_cuda_{name}").restype = sz
         lib.fake_cuda_stream_create.argtypes = [i64, ctypes.c_bool]
@@ -88,6 +89,10 @@ class FakeDriver:
     def sync_delay(self, ms):
         """Makes each blocking call take `ms` milliseconds."""
         self.lib.fake_cuda_set_sync_delay_ms(ms)
+
+    def unload_delay(self, ms):
+        """Makes each module unload take `ms` milliseconds more than other blocking calls."""
+        self.lib.fake_cuda_set_unload_delay_ms(ms)
 
     def live_events(self):
         return self.lib.fake_cuda_live_events()

@@ -197,9 +197,10 @@ def test_a_result_too_large_for_the_device_is_a_memory_error(driver):
 def test_threads_loading_the_kernel_at_once_neither_deadlock_nor_leak_a_module():
     """In a fresh process, with every blocking call (the PTX compilation included) slowed to 0.3 s:
     the first calls of two threads load the module without the GIL; neither waits for the other
-    while holding it, and a module loaded twice is unloaded once."""
+    while holding it (the duplicate is unloaded after the lock is released, as later calls of the
+    other thread wait for that lock), and a module loaded twice is unloaded once."""
     code = textwrap.dedent("""
-        import sys, threading
+        import sys, threading, time
         sys.path[:0] = sys.argv[1:]
         import cuda_kernel, dlbridge
         from fake_cuda import FakeDriver
@@ -208,13 +209,22 @@ def test_threads_loading_the_kernel_at_once_neither_deadlock_nor_leak_a_module()
         a = driver.device_array(4, value=2.0)
         x, _ = table_producer(work_stream=0, make=lambda: driver.over(a))
         driver.sync_delay(300)
+        driver.unload_delay(1500)
         out = {}
         def call(i):
-            out[i] = dlbridge.from_dlpack(cuda_kernel.scale(x, float(i)), device="cpu").tolist()
+            # Calls for a second: the thread that loaded first keeps looking the kernel up while
+            # the other unloads the module it loaded twice (which takes 1.8 s here).
+            end = time.monotonic() + 1.0
+            while True:
+                r = cuda_kernel.scale(x, float(i))
+                if time.monotonic() > end:
+                    break
+            out[i] = dlbridge.from_dlpack(r, device="cpu").tolist()
         threads = [threading.Thread(target=call, args=(i,)) for i in (1, 3)]
         for t in threads: t.start()
         for t in threads: t.join()
         driver.sync_delay(0)
+        driver.unload_delay(0)
         kinds = driver.kinds()
         loads, unloads = kinds.count("module_load"), kinds.count("module_unload")
         assert out == {1: [2.0] * 4, 3: [6.0] * 4}, out
