@@ -22,6 +22,19 @@ pub(crate) fn wait_if_managed(device: Device, ready: Option<i64>) -> PyResult<()
     }
 }
 
+/// [`wait_if_managed`] for an extension's argument extracted on `requested`:
+/// stream -1 orders nothing, so for CUDA managed memory, which safe Rust may
+/// then read on the host while a kernel still writes it, it is refused.
+pub(crate) fn wait_for_argument(device: Device, ready: Option<i64>, requested: Option<i64>) -> PyResult<()> {
+    if device.device_type == DeviceType::CUDA_MANAGED && requested == Some(-1) {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "stream -1 (Stream::NO_SYNC) orders nothing, but CUDA managed memory may be read on the host only after the \
+             work that writes it: extract a managed-memory argument with a stream, or without one",
+        ));
+    }
+    wait_if_managed(device, ready)
+}
+
 /// Makes the consumer's stream (`requested`, or the device's legacy default)
 /// wait for the work pending on the data's `ready` stream, on the GPU, and
 /// returns the stream the data is then ready on. Nothing to do when they are

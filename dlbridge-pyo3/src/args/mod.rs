@@ -32,7 +32,7 @@ use crate::borrows::{acquire, Borrow};
 use crate::any_owned::AnyOwned;
 use crate::convert::type_name;
 use crate::exchange;
-use crate::handoff::{settle, wait_if_managed};
+use crate::handoff::{settle, wait_for_argument};
 use crate::import::{from_dlpack, import_for_extension, ImportOptions};
 use crate::tensor::TensorObject;
 use crate::writability::Writability;
@@ -110,7 +110,8 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
     /// `CUstream` handle vouched for with [`Stream::from_raw`], or
     /// [`Stream::NO_SYNC`] for no ordering): the stream is made to wait for the
     /// producer's pending work, on the GPU. ValueError for a stream the device
-    /// does not accept, or any stream on the CPU.
+    /// does not accept, any stream on the CPU, and `NO_SYNC` on CUDA managed
+    /// memory (which the host may read, and must then wait for).
     ///
     /// ```no_run
     /// use dlbridge_pyo3::dlbridge::streams::Stream;
@@ -166,7 +167,7 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
                 // Unless asked, the data stays on the producer's stream, where the
                 // header says a borrower launches its kernels.
                 let ready = if requested.is_some() { settle(view.device(), ready, requested)? } else { ready };
-                wait_if_managed(view.device(), ready)?;
+                wait_for_argument(view.device(), ready, requested)?;
                 check_kind::<T, D, Dev, L>(&view, &source)?;
                 let borrow = acquire(&view, false, || type_name(&source))?;
                 T::check_elements(&view).map_err(|err| element_error::<T, D, Dev, L>(&view, &source, err))?;
@@ -175,7 +176,7 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
         }
         let (owned, ready) = import_for_extension(&source, stream)?;
         check_kind::<T, D, Dev, L>(owned.view(), &source)?;
-        wait_if_managed(owned.view().device(), ready)?;
+        wait_for_argument(owned.view().device(), ready, requested)?;
         let borrow = acquire(owned.view(), false, || type_name(&source))?;
         // SAFETY: the shared borrow just taken lives as long as the PyTensor,
         // and so does `owned`, which keeps the data alive.
@@ -268,7 +269,7 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
         let source = obj.clone();
         let (owned, ready) = import_for_extension(&source, stream)?;
         check_kind::<T, D, Dev, L>(owned.view(), &source)?;
-        wait_if_managed(owned.view().device(), ready)?;
+        wait_for_argument(owned.view().device(), ready, stream.map(Stream::value))?;
         if let Some(why) = write_refusal(&owned) {
             return Err(PyBufferError::new_err(format!("cannot borrow this {} as writable: {why}", type_name(&source))));
         }

@@ -244,3 +244,26 @@ def test_a_work_stream_that_is_no_pointer_falls_back_to_dunder_dlpack(driver, ga
     t = dlbridge.from_dlpack(x, stream=C)
     assert calls["dunder"] == [C] and ready_stream(t) == 1
     assert _native._argument_ready_stream(x) == 1, "the owned path, through __dlpack__ with the legacy default"
+
+
+@pytest.mark.parametrize("writable", [False, True])
+def test_managed_memory_extracted_with_no_ordering_is_refused(driver, writable):
+    """Safe Rust may read a managed-memory argument on the host. Extracted on stream -1 (no
+    ordering), it used to be handed over while the producer's kernel was still writing it; now it is
+    refused. Extracted without a stream, the host waits for the producer's stream first."""
+    from dlbridge import _native
+
+    P = driver.stream()
+    managed = (13, 0)
+
+    def producer():
+        a = driver.device_array(N, managed)
+        driver.fill(P, a.ctypes.data, N, VALUE)
+        return table_producer(device=managed, work_stream=P, make=lambda: driver.over(a, managed))[0], a
+
+    x, _ = producer()
+    with pytest.raises(ValueError, match="managed memory"):
+        _native._argument_ready_stream(x, -1, writable=writable)
+    x, a = producer()
+    _native._argument_ready_stream(x, writable=writable)
+    assert driver.pending(P) == 0 and a.tolist() == [VALUE] * N, "the host waited for the producer's kernel"
