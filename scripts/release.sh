@@ -134,11 +134,11 @@ native_tag="cp${native_py/./}"
 wheel="$(ls "$house"/dlbridge-"$version"-"$native_tag"-"$native_tag"-*_"$(uname -m)".whl)"
 ensure_venv "$TEST_VENV" "$ROOT/requirements/test.txt"
 log "installing $(basename "$wheel") and the example extensions into $TEST_VENV"
-"$TEST_VENV/bin/python" -m pip uninstall --quiet --yes dlbridge scale-inplace candle-tensor 2>/dev/null || true
+"$TEST_VENV/bin/python" -m pip uninstall --quiet --yes dlbridge scale-inplace candle-tensor cuda-kernel 2>/dev/null || true
 # The examples are built as ./dev builds them (same interpreter, target folder and flags), so that
 # their build is reused, and installed as wheels.
-for example in scale_inplace candle_tensor; do
-    (cd "$ROOT/examples/$example" && VIRTUAL_ENV="$DEV_VENV" PATH="$DEV_VENV/bin:$PATH" \
+for example in "$ROOT"/examples/*/pyproject.toml; do  # every example, as ./dev builds them
+    (cd "$(dirname "$example")" && VIRTUAL_ENV="$DEV_VENV" PATH="$DEV_VENV/bin:$PATH" \
         CARGO_TARGET_DIR="$CACHE/target" "$DEV_VENV/bin/maturin" build --release --quiet \
         --interpreter "$DEV_VENV/bin/python" --out "$WORK/examples")
 done
