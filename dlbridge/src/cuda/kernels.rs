@@ -170,7 +170,14 @@ impl Function {
     ///   the kernel has run, and that no other work touches meanwhile unless
     ///   ordered on the GPU (data ready on another stream must be waited for
     ///   first, and readers of what it writes must wait for `stream`);
-    /// - `stream` is 1, 2 or a live stream of this module's device.
+    /// - `stream` is 1, 2 or a live stream of this module's device;
+    /// - inside a graph capture on `stream` ([`stream_is_capturing`]), the kernel
+    ///   runs again at every replay of the graph: the module and that memory
+    ///   must then stay loaded and allocated, and ordered as above, for as long
+    ///   as the graph or an executable made from it may be launched;
+    /// - the device's primary context has not been reset
+    ///   (`cuDevicePrimaryCtxReset`, `torch.cuda` or CuPy device resets) since
+    ///   the module was loaded: a reset unloads it with everything else.
     pub unsafe fn launch(&self, config: LaunchConfig, stream: Stream, args: &[KernelArg<'_>]) -> Result<(), Error> {
         let stream = stream.value();
         if !DeviceType::CUDA.accepts_stream(stream) || stream == -1 {
@@ -206,6 +213,18 @@ impl Function {
     pub fn module(&self) -> &Module {
         &self.module
     }
+}
+
+/// Whether `stream` of device `device_id` is capturing a CUDA graph
+/// (`cuStreamIsCapturing`): work queued there then runs at each replay of the
+/// graph, not now. An error for the legacy stream (1) while a blocking stream
+/// of the context captures, where the driver forbids using it.
+pub fn stream_is_capturing(device_id: i32, stream: Stream) -> Result<bool, Error> {
+    let stream = stream.value();
+    if !DeviceType::CUDA.accepts_stream(stream) || stream == -1 {
+        return Err(Error::InvalidStream { device: DeviceType::CUDA, stream });
+    }
+    in_context(device_id, |api| super::capturing(api, stream))
 }
 
 /// `cuLaunchKernel`'s signature.

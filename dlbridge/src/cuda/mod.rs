@@ -43,7 +43,7 @@ mod pointers;
 pub use allocate::empty;
 pub use copies::{copy_on_device, to_device, to_host};
 pub use handoff::{carry_out, order_streams, wait_on_host, ReadyEvent};
-pub use kernels::{Function, KernelArg, LaunchConfig, Module};
+pub use kernels::{stream_is_capturing, Function, KernelArg, LaunchConfig, Module};
 pub use pointers::{pointer_device, pointer_place};
 
 use core::ffi::{c_int, c_uint, c_void};

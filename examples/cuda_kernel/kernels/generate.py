@@ -8,7 +8,7 @@ given. Its PTX is for compute capability 7.5 (the oldest that CUDA 13 compiles f
 compiles it for newer GPUs), and its `.version` line is set to PTX ISA 7.0: NVRTC writes its own
 ISA version (9.2 for CUDA 13.2), which drivers older than that toolkit refuse with
 CUDA_ERROR_UNSUPPORTED_PTX_VERSION, while this kernel needs nothing newer than 7.0. The tests check
-the result with ptxas where one is installed (bindings/python/tests/test_cuda_kernel_ptx.py)."""
+the result with ptxas where one is installed (examples/cuda_kernel/tests/test_cuda_kernel.py)."""
 
 import ctypes
 import glob

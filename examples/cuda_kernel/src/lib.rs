@@ -92,10 +92,18 @@ fn scale(x: PyTensor<'_, f32, AnyRank, Cuda, CContiguous>, factor: f32) -> PyRes
         return Ok(Tensor::new(out));
     }
     let stream = launch_stream(x.ready_stream());
+    // A replay of a captured graph would write `out` again after Python freed it.
+    if cuda::stream_is_capturing(device_id, stream).map_err(to_py_err)? {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "scale allocates its result, which a CUDA graph replaying this launch would write after it is freed: \
+             capture scale_ (in place, in memory the graph's owner keeps) instead",
+        ));
+    }
     // SAFETY: `x` holds n float32s on `device_id`, ready on `stream` and kept
     // by its producer for the work queued there; `out` is fresh memory of n
     // float32s that only this kernel writes before it is handed on, ready on
-    // `stream`, and freed (cuMemFree) only after the device's work is done.
+    // `stream`, and freed (cuMemFree) only after the device's work is done;
+    // no capture is under way on `stream` (checked just above).
     unsafe { launch_scale(device_id, x.device_ptr(), out.view().as_ptr() as u64, n, factor, stream) }?;
     Tensor::new(out).with_ready_stream(Some(stream))
 }
@@ -116,6 +124,9 @@ fn scale_(mut x: PyTensorMut<'_, f32, AnyRank, Cuda, CContiguous>, factor: f32) 
     // SAFETY: `x` holds n float32s on `device_id`, ready on `stream`, borrowed
     // exclusively for this call and kept by its producer for the work queued
     // there; reading and writing each element in place is what the kernel does.
+    // Under a graph capture, replays write `x` again: its owner (torch's graph
+    // pool, or the caller) keeps that memory for as long as it replays the graph,
+    // as for the framework's own kernels captured beside this one.
     unsafe { launch_scale(device_id, data, data, n, factor, stream) }
 }
 

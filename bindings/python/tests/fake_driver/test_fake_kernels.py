@@ -238,3 +238,24 @@ def test_threads_loading_the_kernel_at_once_neither_deadlock_nor_leak_a_module()
     except subprocess.TimeoutExpired:
         pytest.fail("deadlock: a thread waited for the kernel's lock while holding the GIL the loader needs")
     assert result.returncode == 0 and "done" in result.stdout, result.stdout + result.stderr
+
+
+def test_scale_refuses_a_graph_capture_and_scale_in_place_joins_it(driver):
+    """A captured launch runs again at each replay: `scale`'s result, freed when Python drops it,
+    would be written after it is freed, so it refuses; `scale_` writes memory its owner keeps, and
+    is captured into the graph (nothing runs now; the replay does the work)."""
+    P = driver.stream()
+    a = busy(driver, P)
+    driver.run_all()  # the producer's fill is done: only what is captured is pending
+    x, _ = table_producer(work_stream=P, make=lambda: driver.over(a))
+    driver.begin_capture(P, mode="relaxed")
+    try:
+        with pytest.raises(ValueError, match="capture scale_"):
+            cuda_kernel.scale(x, 2.0)
+        cuda_kernel.scale_(x, 2.0)
+        assert driver.peek(a.ctypes.data, N) == [VALUE] * N, "captured, not run"
+    finally:
+        graph = driver.end_capture(P)
+    assert graph > 1000 or graph < 900, f"the capture ended with CUresult {graph}"
+    assert driver.launch_graph(graph, P) == 0
+    assert driver.read(P, a.ctypes.data, N) == [2 * VALUE] * N, "the replay scaled in place"
