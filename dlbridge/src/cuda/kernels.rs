@@ -24,13 +24,51 @@ struct Loaded {
     /// The `CUmodule`.
     handle: usize,
     device_id: i32,
+    /// The id of the context it was loaded in (`cuCtxGetId`; `None` on drivers
+    /// before CUDA 12.0). A reset of the device's primary context unloads the
+    /// module with the context; the one retained after it has another id.
+    context: Option<u64>,
+}
+
+/// The id of the context current on this thread, where the driver tells it.
+fn current_context_id(api: &super::Api) -> Option<u64> {
+    let get_id = api.ctx_get_id?;
+    let (mut context, mut id) = (core::ptr::null_mut(), 0u64);
+    // SAFETY: queries with writable out values; the context is the current one.
+    let known = unsafe { (api.ctx_get_current)(&mut context) == 0 && !context.is_null() && get_id(context, &mut id) == 0 };
+    known.then_some(id)
+}
+
+impl Loaded {
+    /// Whether the module is still loaded in the current context (pushed by
+    /// `in_context`): false once the context it was loaded in was reset.
+    fn alive(&self, api: &super::Api) -> bool {
+        match (self.context, current_context_id(api)) {
+            (Some(loaded_in), Some(now)) => loaded_in == now,
+            _ => true, // a driver that cannot tell: trusted, as the launch contract asks
+        }
+    }
+
+    /// CUDA_ERROR_CONTEXT_IS_DESTROYED, from `call`, for a module a reset unloaded.
+    fn require_alive(&self, api: &super::Api, call: &'static str) -> Result<(), Error> {
+        if self.alive(api) {
+            Ok(())
+        } else {
+            check(call, super::CUDA_ERROR_CONTEXT_IS_DESTROYED)
+        }
+    }
 }
 
 impl Drop for Loaded {
     fn drop(&mut self) {
         let handle = core::ptr::without_provenance_mut(self.handle);
         let _ = in_context(self.device_id, |api| {
-            // SAFETY: loaded by `from_ptx` in this device's context, unloaded once.
+            // A module a context reset unloaded is gone; its handle may since
+            // name another library's module.
+            if !self.alive(api) {
+                return Ok(());
+            }
+            // SAFETY: loaded by `from_ptx` in this context, unloaded once.
             host_side(api, || check("cuModuleUnload", unsafe { (api.module_unload)(handle) }))
         });
     }
@@ -74,9 +112,10 @@ impl Module {
                 // the caller for this call; a writable out value.
                 check("cuModuleLoadData", unsafe { (api.module_load_data)(&mut module, image) })
             })?;
-            Ok(module as usize)
+            Ok((module as usize, current_context_id(api)))
         })?;
-        Ok(Module { loaded: Arc::new(Loaded { handle, device_id }) })
+        let (handle, context) = handle;
+        Ok(Module { loaded: Arc::new(Loaded { handle, device_id, context }) })
     }
 
     /// The kernel named `name` (its `.entry` name in the PTX; `extern "C"` in
@@ -84,6 +123,7 @@ impl Module {
     pub fn function(&self, name: &CStr) -> Result<Function, Error> {
         let module = self.loaded.handle;
         let handle = in_context(self.loaded.device_id, |api| {
+            self.loaded.require_alive(api, "cuModuleGetFunction")?;
             let mut function = core::ptr::null_mut();
             // SAFETY: this loaded module, a NUL-terminated name, a writable out value.
             check("cuModuleGetFunction", unsafe {
@@ -97,6 +137,14 @@ impl Module {
     /// The device whose context holds the module.
     pub fn device_id(&self) -> i32 {
         self.loaded.device_id
+    }
+
+    /// Whether the module is still loaded: false once the device's primary
+    /// context was reset (by any library) since it was loaded, when the driver
+    /// can tell (CUDA 12.0 and later); a cache of modules drops such ones.
+    /// An error when the device's context cannot be made current.
+    pub fn is_loaded(&self) -> Result<bool, Error> {
+        in_context(self.loaded.device_id, |api| Ok(self.loaded.alive(api)))
     }
 }
 
@@ -188,6 +236,7 @@ impl Function {
         let params: *mut *mut c_void = if args.is_empty() { core::ptr::null_mut() } else { args.as_ptr().cast_mut().cast() };
         let function = self.handle;
         in_context(self.module.loaded.device_id, |api| {
+            self.module.loaded.require_alive(api, "cuLaunchKernel")?;
             // SAFETY: this module's function in its own context; `args` is an
             // array of pointers (`KernelArg` is one pointer) to live values whose
             // types the caller vouches for; no `extra`; the caller's stream.

@@ -84,6 +84,8 @@ struct Api {
     stream_is_capturing: unsafe extern "C" fn(Handle, *mut c_uint) -> CuResult,
     /// Absent from drivers before CUDA 10.1, which have no capture modes.
     exchange_capture_mode: Option<unsafe extern "C" fn(*mut c_uint) -> CuResult>,
+    /// Absent from drivers before CUDA 12.0: a context's id, unique for the process.
+    ctx_get_id: Option<unsafe extern "C" fn(Handle, *mut u64) -> CuResult>,
     pointer_get_attribute: unsafe extern "C" fn(*mut c_void, c_uint, DevicePtr) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut DevicePtr, usize) -> CuResult,
     mem_alloc_managed: unsafe extern "C" fn(*mut DevicePtr, usize, c_uint) -> CuResult,
@@ -157,6 +159,8 @@ fn api_of(lib: libloading::Library) -> Result<Api, Error> {
         stream_is_capturing: symbol!("cuStreamIsCapturing"),
         // SAFETY: as above, for an optional symbol.
         exchange_capture_mode: unsafe { lib.get(b"cuThreadExchangeStreamCaptureMode\0") }.ok().map(|f| *f),
+        // SAFETY: as above, for an optional symbol.
+        ctx_get_id: unsafe { lib.get(b"cuCtxGetId\0") }.ok().map(|f| *f),
         pointer_get_attribute: symbol!("cuPointerGetAttribute"),
         mem_alloc: symbol!("cuMemAlloc_v2"),
         mem_alloc_managed: symbol!("cuMemAllocManaged"),

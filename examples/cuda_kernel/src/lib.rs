@@ -29,12 +29,20 @@ const PTX: &CStr = match CStr::from_bytes_with_nul(concat!(include_str!("../kern
 const BLOCK: u32 = 256;
 const MAX_BLOCKS: u32 = 4096;
 
-/// The kernel on `device_id`, loaded the first time it is needed there.
+/// The kernel on `device_id`, loaded the first time it is needed there, and
+/// again after a reset of the device's context (torch's or CuPy's) unloaded it.
 fn scale_kernel(device_id: i32) -> PyResult<Function> {
     static LOADED: Mutex<Vec<Function>> = Mutex::new(Vec::new());
     let cached = |loaded: &[Function]| loaded.iter().find(|f| f.module().device_id() == device_id).cloned();
-    if let Some(f) = cached(&LOADED.lock().unwrap_or_else(PoisonError::into_inner)) {
-        return Ok(f);
+    {
+        let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(f) = cached(&loaded) {
+            if f.module().is_loaded().map_err(to_py_err)? {
+                return Ok(f);
+            }
+            // Unloaded by a reset: forgotten (dropping it calls no driver function).
+            loaded.retain(|g| g.module().device_id() != device_id);
+        }
     }
     // Loaded without the lock held: the driver's compilation runs without the
     // GIL, and another thread holding the GIL may be waiting for the lock.

@@ -141,6 +141,23 @@ pub unsafe extern "C" fn cuCtxGetCurrent(context: *mut usize) -> CuResult {
     })())
 }
 
+/// A context's id (CUDA 12.0): its handle, which names its device and
+/// generation, so a context retained after a reset has another.
+///
+/// # Safety
+/// `id` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetId(context: usize, id: *mut u64) -> CuResult {
+    result((|| {
+        initialized()?;
+        let context = if context == 0 { CONTEXTS.with(|c| c.borrow().last().copied()).unwrap_or(0) } else { context };
+        parse_context(context).ok_or(INVALID_CONTEXT)?;
+        // SAFETY: the caller's out pointer.
+        unsafe { *id = context as u64 };
+        Ok(())
+    })())
+}
+
 /// # Safety
 /// `device` is writable.
 #[no_mangle]

@@ -186,6 +186,11 @@ struct State {
     modules: HashMap<usize, modules::Module>,
     functions: HashMap<usize, modules::Function>,
     next_module: usize,
+    /// Module and function handles a context reset destroyed: using one is
+    /// undefined on a real driver (the value may name a newer module).
+    destroyed_handles: std::collections::HashSet<usize>,
+    /// How many calls used such a handle.
+    stale_handle_uses: usize,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -220,6 +225,8 @@ fn with_state<T>(body: impl FnOnce(&mut State) -> T) -> T {
         modules: HashMap::new(),
         functions: HashMap::new(),
         next_module: 1,
+        destroyed_handles: std::collections::HashSet::new(),
+        stale_handle_uses: 0,
     });
     body(state)
 }

@@ -221,6 +221,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(function: *mut usize, module: usize
         // SAFETY: the caller's NUL-terminated name.
         let name = unsafe { CStr::from_ptr(name) }.to_str().map_err(|_| NOT_FOUND)?;
         let handle = with_state(|s| {
+            note_stale(s, module);
             let m = s.modules.get(&module).ok_or(INVALID_HANDLE)?;
             let (_, params) = m.entries.iter().find(|(n, _)| n == name).ok_or(NOT_FOUND)?;
             let f = Function { module, name: name.to_owned(), device: m.device, params: params.clone(), known: KNOWN.iter().find(|k| k.name == name) };
@@ -247,6 +248,7 @@ pub extern "C" fn cuModuleUnload(module: usize) -> CuResult {
         initialized()?;
         with_state(|s| {
             s.check_unsafe_call()?;
+            note_stale(s, module);
             s.modules.remove(&module).ok_or(INVALID_HANDLE)?;
             s.functions.retain(|_, f| f.module != module);
             Ok::<(), CuResult>(())
@@ -293,9 +295,12 @@ pub unsafe extern "C" fn cuLaunchKernel(
 ) -> CuResult {
     result((|| {
         let (device, key) = stream_in_context(stream)?;
-        let (param_types, known) = with_state(|s| match s.functions.get(&function) {
-            Some(f) if f.device == device => Ok((f.params.clone(), f.known)),
-            _ => Err(INVALID_HANDLE),
+        let (param_types, known) = with_state(|s| {
+            note_stale(s, function);
+            match s.functions.get(&function) {
+                Some(f) if f.device == device => Ok((f.params.clone(), f.known)),
+                _ => Err(INVALID_HANDLE),
+            }
         })?;
         let grid = [grid_x, grid_y, grid_z];
         let block = [block_x, block_y, block_z];
@@ -341,8 +346,25 @@ pub extern "C" fn fake_cuda_live_modules() -> usize {
 
 /// Forgets the modules and functions of `device` (its context was reset).
 pub(crate) fn forget_device(s: &mut State, device: i64) {
+    let doomed = s.modules.iter().filter(|(_, m)| m.device == device).map(|(&h, _)| h);
+    let doomed: Vec<usize> = doomed.chain(s.functions.iter().filter(|(_, f)| f.device == device).map(|(&h, _)| h)).collect();
+    s.destroyed_handles.extend(doomed);
     s.modules.retain(|_, m| m.device != device);
     s.functions.retain(|_, f| f.device != device);
+}
+
+/// Counts a use of a handle that a context reset destroyed.
+fn note_stale(s: &mut State, handle: usize) {
+    if s.destroyed_handles.contains(&handle) {
+        s.stale_handle_uses += 1;
+    }
+}
+
+/// How many calls used a module or function handle after a context reset
+/// destroyed it.
+#[no_mangle]
+pub extern "C" fn fake_cuda_stale_handle_uses() -> usize {
+    with_state(|s| s.stale_handle_uses)
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ class FakeDriver:
         lib.fake_cuda_set_strict_pointer_queries.argtypes = [ctypes.c_bool]
         lib.fake_cuda_set_sync_delay_ms.argtypes = [u64]
         lib.fake_cuda_set_unload_delay_ms.argtypes = [u64]
-        for name in ("log_len", "live_events", "live_allocations", "live_modules", "context_depth"):
+        for name in ("log_len", "live_events", "live_allocations", "live_modules", "context_depth", "stale_handle_uses"):
             getattr(lib, f"fake_cuda_{name}").restype = sz
         lib.fake_cuda_stream_create.argtypes = [i64, ctypes.c_bool]
         lib.fake_cuda_stream_create.restype = sz

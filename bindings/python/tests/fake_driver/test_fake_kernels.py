@@ -259,3 +259,39 @@ def test_scale_refuses_a_graph_capture_and_scale_in_place_joins_it(driver):
     assert graph > 1000 or graph < 900, f"the capture ended with CUresult {graph}"
     assert driver.launch_graph(graph, P) == 0
     assert driver.read(P, a.ctypes.data, N) == [2 * VALUE] * N, "the replay scaled in place"
+
+
+def test_a_context_reset_unloads_the_kernel_and_the_next_call_loads_it_again():
+    """A reset of the device's primary context (torch.cuda or CuPy device resets) unloads every
+    module. The kernel cached in the extension is then forgotten, never used or unloaded again (its
+    handle may name another library's module by then), and loaded afresh."""
+    code = textwrap.dedent("""
+        import gc, sys
+        sys.path[:0] = sys.argv[1:]
+        import cuda_kernel, dlbridge
+        from fake_cuda import FakeDriver
+        from producers import table_producer
+        driver = FakeDriver()
+        def scaled():
+            a = driver.device_array(4, value=2.0)
+            x, _ = table_producer(work_stream=0, make=lambda: driver.over(a))
+            return dlbridge.from_dlpack(cuda_kernel.scale(x, 3.0), device="cpu").tolist()
+        assert scaled() == [6.0] * 4
+        gc.collect()
+        driver.lib.fake_cuda_primary_reset(0)
+        # The first call of each extension's copy of dlbridge (the example's, the package's) to
+        # meet the reset says so, and retains the context afresh.
+        for attempt in range(3):
+            try:
+                values = scaled()
+                break
+            except BufferError as e:
+                assert "CUDA_ERROR_CONTEXT_IS_DESTROYED" in str(e), e
+        assert values == [6.0] * 4 and attempt <= 2, (values, attempt)
+        assert driver.lib.fake_cuda_stale_handle_uses() == 0, "a handle from before the reset was used"
+        print("done")
+    """)
+    here = os.path.dirname(__file__)
+    result = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)], capture_output=True,
+                            text=True, env=os.environ, timeout=60)
+    assert result.returncode == 0 and "done" in result.stdout, result.stdout + result.stderr
