@@ -57,6 +57,9 @@ use crate::writability::Writability;
 /// }
 /// ```
 pub struct PyTensor<'py, T: Dtype = AnyDtype, D: Rank = AnyRank, Dev: DeviceKind = AnyDevice, L: LayoutKind = AnyLayout> {
+    /// Dropped first: a producer's deleter, run when `owned` drops, may borrow
+    /// the same memory again.
+    _borrow: Borrow,
     /// Readable under `_borrow`. Its `'static` is private: the data lives as
     /// long as `owned` (or `source`, for a borrowed fill), and the view is only
     /// handed out reborrowed from `&self`.
@@ -65,7 +68,6 @@ pub struct PyTensor<'py, T: Dtype = AnyDtype, D: Rank = AnyRank, Dev: DeviceKind
     owned: Option<AnyOwned>,
     source: Bound<'py, PyAny>,
     ready: Option<i64>,
-    _borrow: Borrow,
     _kind: Kind<T, D, Dev, L>,
 }
 
@@ -215,13 +217,14 @@ impl<'a, 'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> FromPyObject<'a
 /// }
 /// ```
 pub struct PyTensorMut<'py, T: Dtype = AnyDtype, D: Rank = AnyRank, Dev: DeviceKind = AnyDevice, L: LayoutKind = AnyLayout> {
+    /// Dropped first, as in [`PyTensor`].
+    _borrow: Borrow,
     /// For reads between writes; `'static` is private, as in [`PyTensor`].
     view: TensorView<'static>,
     /// Keeps the data alive.
     _owned: AnyOwned,
     source: Bound<'py, PyAny>,
     ready: Option<i64>,
-    _borrow: Borrow,
     _kind: Kind<T, D, Dev, L>,
 }
 
