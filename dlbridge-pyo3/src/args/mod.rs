@@ -33,7 +33,7 @@ use crate::any_owned::AnyOwned;
 use crate::convert::type_name;
 use crate::exchange;
 use crate::handoff::{settle, wait_for_argument};
-use crate::import::{from_dlpack, import_for_extension, ImportOptions};
+use crate::import::{from_dlpack, import_for_extension, is_exact_ndarray, ImportOptions};
 use crate::tensor::TensorObject;
 use crate::writability::Writability;
 
@@ -149,10 +149,12 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
         let source = obj.clone();
         let requested = stream.map(Stream::value);
         // A borrow without an export: our own Tensor directly, else through the
-        // producer's table.
+        // producer's table (NumPy has none: its arrays are read in place below).
         let borrowed = if let Ok(tensor) = source.cast_exact::<TensorObject>() {
             let tensor = tensor.get();
             Some((tensor.borrowed_dltensor(), tensor.stream_for(requested)?, tensor.view().is_subbyte_padded()))
+        } else if is_exact_ndarray(&source) {
+            None
         } else if let Some(table) = exchange::lookup(&source) {
             exchange::fill_borrowed(&source, table)?.map(|(dl, ready)| (dl, ready, false))
         } else {

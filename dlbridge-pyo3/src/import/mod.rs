@@ -31,6 +31,7 @@ use pyo3::{ffi, intern};
 pub use buffer::import_buffer;
 pub use interface::{import_array_interface, import_cuda_array_interface};
 pub(crate) use negotiate::has_dlpack;
+pub(crate) use numpy::is_exact_ndarray;
 
 use crate::capsule::{consume_capsule, is_capsule, AnyOwned};
 use crate::convert::type_name;
@@ -238,7 +239,14 @@ pub(crate) fn import_for_extension(obj: &Bound<'_, PyAny>, stream: Option<Stream
 fn import_anything(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
     crate::gil::release_in_driver_calls();
     let py = obj.py();
-    if obj.cast_exact::<TensorObject>().is_ok() || is_capsule(obj) || has_dlpack(obj) {
+    // The cheap checks first: our own type, a capsule, NumPy's array type, a
+    // type with an exchange table (torch); each is imported through DLPack.
+    if obj.cast_exact::<TensorObject>().is_ok()
+        || is_capsule(obj)
+        || numpy::is_exact_ndarray(obj)
+        || exchange::lookup(obj).is_some()
+        || has_dlpack(obj)
+    {
         return import_dlpack(obj, options, ready_on);
     }
     // SAFETY: a type-slot check on a live object.

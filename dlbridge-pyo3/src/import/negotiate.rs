@@ -122,7 +122,11 @@ fn no_dlpack(obj: &Bound<'_, PyAny>) -> PyErr {
 }
 
 pub(crate) fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
-    obj.hasattr(intern!(obj.py(), "__dlpack__")).unwrap_or(false)
+    let name = intern!(obj.py(), "__dlpack__");
+    // The type first: a method found there is not bound to the object (no
+    // allocation, and the type's attribute cache answers); then the object,
+    // which may carry one of its own, as NumPy's lookup would find.
+    obj.get_type().hasattr(name).unwrap_or(false) || obj.hasattr(name).unwrap_or(false)
 }
 
 /// Calls `__dlpack__` with the array-API negotiation and returns its capsule,

@@ -203,7 +203,7 @@ fn imported_ndarray_type(py: Python<'_>) -> Option<*mut ffi::PyTypeObject> {
     Some(ptr)
 }
 
-fn is_exact_ndarray(obj: &Bound<'_, PyAny>) -> bool {
+pub(crate) fn is_exact_ndarray(obj: &Bound<'_, PyAny>) -> bool {
     // SAFETY: reading the type of a live object.
     let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
     let known = NDARRAY_TYPE.load(Ordering::Relaxed);
