@@ -125,6 +125,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONNOUSERSITE=1
 # 4. The sdist in a bare venv: pip builds it with maturin from PyPI and cargo.
 log "pip install the sdist into a bare venv"
 "$base" -m venv "$WORK/sdist-venv"
+# The dependencies' builds are kept between runs, but not this project's crates: pip unpacks the sdist
+# with its files' old mtimes, which cargo would take as older than the last build and reuse it.
+(cd "$ROOT" && cargo clean --quiet --release --target-dir "$CACHE/sdist-target" \
+    -p dlbridge -p dlbridge-pyo3 -p dlbridge-python)
 (cd "$WORK" && CARGO_TARGET_DIR="$CACHE/sdist-target" "$WORK/sdist-venv/bin/python" -m pip install --quiet \
     "$house/dlbridge-$version.tar.gz")
 (cd "$WORK" && "$WORK/sdist-venv/bin/python" "$ROOT/scripts/release_smoke.py" "$version")

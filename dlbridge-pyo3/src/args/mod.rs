@@ -33,7 +33,7 @@ use crate::any_owned::AnyOwned;
 use crate::convert::type_name;
 use crate::exchange;
 use crate::handoff::{settle, wait_for_argument};
-use crate::import::{from_dlpack, import_for_extension, is_exact_ndarray, ImportOptions};
+use crate::import::{from_dlpack, import_for_extension, is_exact_ndarray, numpy_import, numpy_view, ImportOptions};
 use crate::tensor::TensorObject;
 use crate::writability::Writability;
 
@@ -148,26 +148,32 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
         crate::gil::release_in_driver_calls();
         let source = obj.clone();
         let requested = stream.map(Stream::value);
-        // A borrow without an export: our own Tensor directly, else through the
-        // producer's table (NumPy has none: its arrays are read in place below).
+        // A borrow without an export: our own Tensor directly, a NumPy array in
+        // place, else through the producer's table. Each view reads the source's
+        // memory, which `source` keeps alive for as long as this PyTensor; the
+        // view never outlives it. One that does not validate is left for the
+        // owned import.
         let borrowed = if let Ok(tensor) = source.cast_exact::<TensorObject>() {
             let tensor = tensor.get();
-            Some((tensor.borrowed_dltensor(), tensor.stream_for(requested)?, tensor.view().is_subbyte_padded()))
+            let (dl, ready) = (tensor.borrowed_dltensor(), tensor.stream_for(requested)?);
+            // SAFETY: as above.
+            unsafe { TensorView::from_dltensor(&dl, tensor.view().is_subbyte_padded()) }.ok().map(|view| (view, ready))
         } else if is_exact_ndarray(&source) {
-            None
+            // SAFETY: as above.
+            unsafe { numpy_view(&source) }?.map(|(view, _read_only)| (view, None))
         } else if let Some(table) = exchange::lookup(&source) {
-            exchange::fill_borrowed(&source, table)?.map(|(dl, ready)| (dl, ready, false))
+            match exchange::fill_borrowed(&source, table)? {
+                // SAFETY: as above.
+                Some((dl, ready)) => unsafe { TensorView::from_dltensor(&dl, false) }.ok().map(|view| (view, ready)),
+                None => None,
+            }
         } else {
             None
         };
-        if let Some((dl, ready, padded)) = borrowed {
-            // SAFETY: the DLTensor points into the source's memory, which `source`
-            // keeps alive for as long as this PyTensor; the view never outlives it.
-            // One that does not validate is left for the owned import.
-            let view = unsafe { TensorView::from_dltensor(&dl, padded) };
+        if let Some((view, ready)) = borrowed {
             // On ROCm only `__dlpack__` can order the producer's work before a stream.
-            let orderable = requested.is_none() || dl.device.device_type != DeviceType::ROCM;
-            if let (Ok(view), true) = (view, orderable) {
+            let orderable = requested.is_none() || view.device().device_type != DeviceType::ROCM;
+            if orderable {
                 // Unless asked, the data stays on the producer's stream, where the
                 // header says a borrower launches its kernels.
                 let ready = if requested.is_some() { settle(view.device(), ready, requested)? } else { ready };
@@ -272,7 +278,15 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
         crate::borrows::prepare();
         crate::gil::release_in_driver_calls();
         let source = obj.clone();
-        let (owned, ready) = import_for_extension(&source, stream)?;
+        // A NumPy array is imported in place (host memory: no stream to settle).
+        let numpy = if stream.is_none() && is_exact_ndarray(&source) { numpy_import(&source)? } else { None };
+        let (owned, ready) = match numpy {
+            Some(mut owned) => {
+                owned.mark_aliased();
+                (owned, None)
+            }
+            None => import_for_extension(&source, stream)?,
+        };
         check_kind::<T, D, Dev, L>(owned.view(), &source)?;
         wait_for_argument(owned.view().device(), ready, stream.map(Stream::value))?;
         if let Some(why) = write_refusal(&owned) {

@@ -31,7 +31,7 @@ use pyo3::{ffi, intern};
 pub use buffer::import_buffer;
 pub use interface::{import_array_interface, import_cuda_array_interface};
 pub(crate) use negotiate::has_dlpack;
-pub(crate) use numpy::is_exact_ndarray;
+pub(crate) use numpy::{import as numpy_import, is_exact_ndarray, view_of as numpy_view};
 
 use crate::capsule::{consume_capsule, is_capsule, AnyOwned};
 use crate::convert::type_name;

@@ -229,6 +229,20 @@ pub(crate) fn is_exact_ndarray(obj: &Bound<'_, PyAny>) -> bool {
 /// Zero-copy import of an exact `numpy.ndarray` of a standard numeric dtype.
 /// `None` for anything else, which goes through `__dlpack__`.
 pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<AnyOwned>> {
+    // SAFETY: the view is kept with `obj`, which keeps the array's data alive.
+    let Some((view, read_only)) = (unsafe { view_of(obj) })? else { return Ok(None) };
+    // SAFETY: as above; writable unless NumPy says otherwise.
+    Ok(Some(AnyOwned::Object(unsafe { ObjectTensor::new(obj, view, read_only) })))
+}
+
+/// The validated view of an exact `numpy.ndarray` of a standard numeric
+/// dtype, and whether NumPy marks it read-only; `None` for anything else.
+///
+/// # Safety
+/// The view reads the array's data: it must not outlive `obj` (nor be used
+/// after the array's data is reallocated, which NumPy refuses while a view or
+/// export of it lives, and which the borrow registry cannot see).
+pub(crate) unsafe fn view_of(obj: &Bound<'_, PyAny>) -> PyResult<Option<(TensorView<'static>, bool)>> {
     if !is_exact_ndarray(obj) {
         return Ok(None);
     }
@@ -276,9 +290,8 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Option<AnyOwned>> {
         byte_offset: 0,
     };
     // SAFETY: `dl` describes the array's own data, which stays valid for this
-    // layout for as long as the array lives (the owner keeps it alive); its
-    // shape and strides are read now. Everything is validated again.
+    // layout for as long as the array lives (the caller keeps the view no
+    // longer); its shape and strides are read now. Everything is validated again.
     let view = unsafe { TensorView::from_dltensor(&dl, padded) }.py()?;
-    // SAFETY: as above; writable unless NumPy says otherwise.
-    Ok(Some(AnyOwned::Object(unsafe { ObjectTensor::new(obj, view, read_only) })))
+    Ok(Some((view, read_only)))
 }
