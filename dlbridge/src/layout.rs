@@ -340,20 +340,13 @@ mod tests {
     /// and row-major layouts are always found free of overlap.
     #[test]
     fn non_overlap_matches_enumeration() {
-        let values = |n: usize, range: core::ops::RangeInclusive<i64>| {
-            let mut all = vec![vec![]];
-            for _ in 0..n {
-                all = all.into_iter().flat_map(|v: Vec<i64>| range.clone().map(move |x| [v.clone(), vec![x]].concat())).collect();
-            }
-            all
+        let values = |n, range: core::ops::RangeInclusive<i64>| {
+            (0..n).fold(vec![vec![]], |all: Vec<Vec<i64>>, _| {
+                all.into_iter().flat_map(|v| range.clone().map(move |x| [v.clone(), vec![x]].concat())).collect()
+            })
         };
         for shape in values(3, 1..=3) {
-            let mut strides = [0i64; 3];
-            let mut next = 1;
-            for axis in (0..3).rev() {
-                strides[axis] = next;
-                next *= shape[axis];
-            }
+            let strides = [shape[1] * shape[2], shape[2], 1];
             assert!(is_non_overlapping(&shape, &strides), "{shape:?} {strides:?}");
         }
         for ndim in 0..=3 {
