@@ -3,11 +3,36 @@ counters, memory declared to be a device's, streams tests create, "kernels" and 
 queued on them, and the calls that make queued work complete (see tests/fake-cuda/src/lib.rs)."""
 
 import ctypes
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 
 from dlpack_ctypes import FakeProducer
 from producers import labelled
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_fresh(code, *, hang=None, timeout=60):
+    """Runs `code` in a new Python process with the same fake driver (whose counters start at zero
+    there), the fake-driver helpers importable; returns what it printed. `hang` is the failure to
+    report if it does not finish within `timeout` seconds (a deadlock, for the tests that set it)."""
+    prelude = f"import sys\nsys.path[:0] = {[HERE, os.path.dirname(HERE)]!r}\n"
+    try:
+        result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True,
+                                text=True, env=os.environ, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if hang is None:
+            raise
+        import pytest
+
+        pytest.fail(hang)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
 
 KINDS = {1: "create", 2: "record", 3: "wait", 4: "destroy", 5: "sync", 6: "dtoh", 7: "htod", 8: "dtod",
          9: "alloc", 10: "free", 11: "alloc_host", 12: "free_host", 13: "pointer", 14: "alloc_managed",

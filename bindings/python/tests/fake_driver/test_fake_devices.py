@@ -1,10 +1,13 @@
 """True device ids against the fake driver: from the pointer for array-interface imports and for
 copies dlbridge makes, and a DLPack producer whose pointer lives elsewhere than it claims refused."""
 
+import textwrap
+
 import numpy as np
 import pytest
 
 import dlbridge
+from fake_cuda import run_fresh
 from producers import DunderProducer
 
 
@@ -55,17 +58,10 @@ def test_a_driver_that_wants_a_context_for_pointer_queries_gets_the_claimed_devi
 
 
 def fresh(code):
-    """Runs `code` in a new process with the same fake driver (whose counters start at zero there)."""
-    import os
-    import subprocess
-    import sys
-    import textwrap
-
+    """Runs `code` in a new process with the same fake driver, NumPy, dlbridge and the driver's
+    library (`lib`) at hand."""
     prelude = "import ctypes, numpy as np, dlbridge\nlib = ctypes.CDLL('libcuda.so.1')\n"
-    result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
-                            env=os.environ, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+    return run_fresh(prelude + textwrap.dedent(code), timeout=120)
 
 
 def test_no_other_devices_context_is_woken():

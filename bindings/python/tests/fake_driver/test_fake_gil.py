@@ -4,9 +4,6 @@ host function queued on a stream, which needs the GIL on the driver's thread, mu
 host wait that depends on it (CuPy's `launch_host_func`, numba's `add_callback`)."""
 
 import gc
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -15,7 +12,7 @@ import numpy as np
 import pytest
 
 import dlbridge
-from fake_cuda import StreamProducer
+from fake_cuda import StreamProducer, run_fresh
 from producers import DunderProducer
 
 DELAY_MS = 300
@@ -87,8 +84,6 @@ def test_a_host_wait_behind_a_host_function_that_needs_the_gil_does_not_deadlock
     """In a child process with a deadline: a host function (Python, on the driver's thread) is
     queued on S before the tensor's data; the host copy waits for it."""
     code = textwrap.dedent("""
-        import sys
-        sys.path[:0] = sys.argv[1:]
         import dlbridge
         from fake_cuda import FakeDriver, StreamProducer
         driver = FakeDriver()
@@ -102,10 +97,4 @@ def test_a_host_wait_behind_a_host_function_that_needs_the_gil_does_not_deadlock
         assert ran == [True]
         print("done")
     """)
-    here = os.path.dirname(__file__)
-    try:
-        result = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)], capture_output=True,
-                                text=True, env=os.environ, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("deadlock: dlbridge waited for the stream with the GIL held, which the host function needs")
-    assert result.returncode == 0 and "done" in result.stdout, result.stdout + result.stderr
+    assert "done" in run_fresh(code, hang="deadlock: dlbridge waited for the stream with the GIL held, which the host function needs")

@@ -5,16 +5,13 @@ buffer with VALUE on stream P and stays queued, so a launch that does not wait f
 that were there, and a reader that does not wait for the launch reads the zeros of fresh memory."""
 
 import gc
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 import cuda_kernel  # examples/cuda_kernel, which ./dev builds into the venv
 import dlbridge
-from fake_cuda import StreamProducer
+from fake_cuda import StreamProducer, run_fresh
 from producers import ready_stream, table_producer
 
 VALUE = 7.0
@@ -200,8 +197,7 @@ def test_threads_loading_the_kernel_at_once_neither_deadlock_nor_leak_a_module()
     while holding it (the duplicate is unloaded after the lock is released, as later calls of the
     other thread wait for that lock), and a module loaded twice is unloaded once."""
     code = textwrap.dedent("""
-        import sys, threading, time
-        sys.path[:0] = sys.argv[1:]
+        import threading, time
         import cuda_kernel, dlbridge
         from fake_cuda import FakeDriver
         from producers import table_producer
@@ -231,13 +227,7 @@ def test_threads_loading_the_kernel_at_once_neither_deadlock_nor_leak_a_module()
         assert loads - unloads == 1 and driver.live_modules() == 1, (loads, unloads, driver.live_modules())
         print("done", loads)
     """)
-    here = os.path.dirname(__file__)
-    try:
-        result = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)], capture_output=True,
-                                text=True, env=os.environ, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("deadlock: a thread waited for the kernel's lock while holding the GIL the loader needs")
-    assert result.returncode == 0 and "done" in result.stdout, result.stdout + result.stderr
+    assert "done" in run_fresh(code, hang="deadlock: a thread waited for the kernel's lock while holding the GIL the loader needs")
 
 
 def test_scale_refuses_a_graph_capture_and_scale_in_place_joins_it(driver):
@@ -266,8 +256,7 @@ def test_a_context_reset_unloads_the_kernel_and_the_next_call_loads_it_again():
     module. The kernel cached in the extension is then forgotten, never used or unloaded again (its
     handle may name another library's module by then), and loaded afresh."""
     code = textwrap.dedent("""
-        import gc, sys
-        sys.path[:0] = sys.argv[1:]
+        import gc
         import cuda_kernel, dlbridge
         from fake_cuda import FakeDriver
         from producers import table_producer
@@ -291,7 +280,4 @@ def test_a_context_reset_unloads_the_kernel_and_the_next_call_loads_it_again():
         assert driver.lib.fake_cuda_stale_handle_uses() == 0, "a handle from before the reset was used"
         print("done")
     """)
-    here = os.path.dirname(__file__)
-    result = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)], capture_output=True,
-                            text=True, env=os.environ, timeout=60)
-    assert result.returncode == 0 and "done" in result.stdout, result.stdout + result.stderr
+    assert "done" in run_fresh(code)
