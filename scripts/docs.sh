@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the API reference, warnings as errors (./dev docs; ./dev builds the package first):
+# Builds the API reference, warnings as errors (./dev docs; ./dev builds the package and installs
+# requirements/docs.txt first):
 #   - Python: pdoc over `dlbridge` and `dlbridge.testing`, from the docstrings and the stub
 #     (docs/api.py), into target/api-docs/python;
 #   - Rust: rustdoc of dlbridge and dlbridge-pyo3 as docs.rs builds them (every feature, nightly with
@@ -12,17 +13,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${DLBRIDGE_CACHE:-$HOME/.cache/dlbridge}"
 VENV="$CACHE/venv"
 OUT="$ROOT/target/api-docs"
-REQS="$ROOT/requirements/docs.txt"
 
 log() { printf '==> %s\n' "$*" >&2; }
-
-stamp="$VENV/.dlbridge-docs-complete"
-want="$(sha256sum "$REQS" | cut -d' ' -f1)"
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
-    log "installing requirements/docs.txt into $VENV"
-    "$VENV/bin/python" -m pip install --quiet -r "$REQS"
-    echo "$want" > "$stamp"
-fi
 
 log "Python API reference (pdoc) into $OUT/python"
 rm -rf "$OUT"
