@@ -88,21 +88,33 @@ def report_errors(errors):
         print(f"    {label}: not measured ({error})", flush=True)
 
 
+def timed(title, nbytes, contenders, rounds):
+    """Times the contenders, interleaved, and prints each one's time and bandwidth under `title`."""
+    times, errors = best_seconds(contenders, rounds)
+    print(f"\n{title}, best of {rounds}")
+    for label, seconds in times.items():
+        print(f"    {label:<44} {seconds * 1e3:8.2f} ms  {nbytes / seconds / GB:6.2f} GB/s", flush=True)
+    report_errors(errors)
+    return times, errors
+
+
+def against_torch(part, title, nbytes, ours, theirs, contenders, rounds, short):
+    """A copy timed against torch's own (`theirs`), with the 0.9x speed target; `short` names it."""
+    times, errors = timed(title, nbytes, contenders, rounds)
+    row = {"part": part, "bytes": nbytes, "seconds": times, "errors": errors, "target": ">= 0.9"}
+    if ours in times:
+        row["speed_ratio_to_torch"] = round(times[theirs] / times[ours], 3)
+        ok = "meets" if row["speed_ratio_to_torch"] >= 0.9 else "MISSES"
+        print(f"    dlbridge at {row['speed_ratio_to_torch']:.2f}x the speed of {short} ({ok} the 0.9x target)")
+    ROWS.append(row)
+
+
 def device_to_host(x, rounds):
     nbytes = x.numel() * x.element_size()
     ours = "dlbridge.from_dlpack(x, device='cpu')"
     contenders = {ours: lambda: dlbridge.from_dlpack(x, device="cpu"), "x.cpu()": lambda: x.cpu()}
-    times, errors = best_seconds(contenders, rounds)
-    print(f"\n1. device -> host, {nbytes / 2**20:.0f} MiB (pageable host memory), best of {rounds}")
-    for label, seconds in times.items():
-        print(f"    {label:<44} {seconds * 1e3:8.2f} ms  {nbytes / seconds / GB:6.2f} GB/s", flush=True)
-    report_errors(errors)
-    row = {"part": "device_to_host", "bytes": nbytes, "seconds": times, "errors": errors, "target": ">= 0.9"}
-    if ours in times:
-        row["speed_ratio_to_torch"] = round(times["x.cpu()"] / times[ours], 3)
-        ok = "meets" if row["speed_ratio_to_torch"] >= 0.9 else "MISSES"
-        print(f"    dlbridge at {row['speed_ratio_to_torch']:.2f}x the speed of x.cpu() ({ok} the 0.9x target)")
-    ROWS.append(row)
+    against_torch("device_to_host", f"1. device -> host, {nbytes / 2**20:.0f} MiB (pageable host memory)", nbytes,
+                  ours, "x.cpu()", contenders, rounds, "x.cpu()")
 
 
 def device_to_pinned(x, rounds):
@@ -115,11 +127,7 @@ def device_to_pinned(x, rounds):
         link: lambda: pinned.copy_(x),
         "torch.empty(pin_memory=True).copy_(x)": lambda: torch.empty(x.shape, dtype=x.dtype, pin_memory=True).copy_(x),
     }
-    times, errors = best_seconds(contenders, rounds)
-    print(f"\n2. device -> pinned host, {nbytes / 2**20:.0f} MiB, best of {rounds}")
-    for label, seconds in times.items():
-        print(f"    {label:<44} {seconds * 1e3:8.2f} ms  {nbytes / seconds / GB:6.2f} GB/s", flush=True)
-    report_errors(errors)
+    times, errors = timed(f"2. device -> pinned host, {nbytes / 2**20:.0f} MiB", nbytes, contenders, rounds)
     row = {"part": "device_to_pinned", "bytes": nbytes, "seconds": times, "errors": errors,
            "gb_per_s": {k: round(nbytes / v / GB, 2) for k, v in times.items()}}
     if ours in times:
@@ -132,18 +140,10 @@ def device_to_pinned(x, rounds):
 def host_to_device(nbytes, rounds):
     a = np.random.default_rng(0).standard_normal(nbytes // 4, dtype=np.float32)
     ours = "dlbridge.from_dlpack(a, device=(2, 0))"
-    contenders = {ours: lambda: dlbridge.from_dlpack(a, device=(2, 0)), "torch.from_numpy(a).cuda()": lambda: torch.from_numpy(a).cuda()}
-    times, errors = best_seconds(contenders, rounds)
-    print(f"\n3. host -> device, {nbytes / 2**20:.0f} MiB (pageable host memory), best of {rounds}")
-    for label, seconds in times.items():
-        print(f"    {label:<44} {seconds * 1e3:8.2f} ms  {nbytes / seconds / GB:6.2f} GB/s", flush=True)
-    report_errors(errors)
-    row = {"part": "host_to_device", "bytes": nbytes, "seconds": times, "errors": errors, "target": ">= 0.9"}
-    if ours in times:
-        row["speed_ratio_to_torch"] = round(times["torch.from_numpy(a).cuda()"] / times[ours], 3)
-        ok = "meets" if row["speed_ratio_to_torch"] >= 0.9 else "MISSES"
-        print(f"    dlbridge at {row['speed_ratio_to_torch']:.2f}x the speed of .cuda() ({ok} the 0.9x target)")
-    ROWS.append(row)
+    theirs = "torch.from_numpy(a).cuda()"
+    contenders = {ours: lambda: dlbridge.from_dlpack(a, device=(2, 0)), theirs: lambda: torch.from_numpy(a).cuda()}
+    against_torch("host_to_device", f"3. host -> device, {nbytes / 2**20:.0f} MiB (pageable host memory)", nbytes,
+                  ours, theirs, contenders, rounds, ".cuda()")
 
 
 def hand_off(number, rounds):
