@@ -193,7 +193,14 @@ fn import_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: Ready
     if let Some(owned) = numpy::import(obj)? {
         return finish((owned, None), options);
     }
-    if let Some(table) = exchange::lookup(obj) {
+    import_from_producer(obj, exchange::lookup(obj), options, ready_on)
+}
+
+/// Imports through the producer's exchange table (`table`, looked up by the
+/// caller), else its `__dlpack__`.
+fn import_from_producer(obj: &Bound<'_, PyAny>, table: Option<exchange::Table>, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
+    let finish = |imported, options| finish(imported, options, ready_on);
+    if let Some(table) = table {
         if let Some((owned, ready)) = exchange::import_owned(obj, table)? {
             return finish((AnyOwned::Versioned(owned), ready), options);
         }
@@ -239,15 +246,15 @@ pub(crate) fn import_for_extension(obj: &Bound<'_, PyAny>, stream: Option<Stream
 fn import_anything(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
     crate::gil::release_in_driver_calls();
     let py = obj.py();
-    // The cheap checks first: our own type, a capsule, NumPy's array type, a
-    // type with an exchange table (torch); each is imported through DLPack.
-    if obj.cast_exact::<TensorObject>().is_ok()
-        || is_capsule(obj)
-        || numpy::is_exact_ndarray(obj)
-        || exchange::lookup(obj).is_some()
-        || has_dlpack(obj)
-    {
+    // The cheap checks first: our own type, a capsule, NumPy's array type, then
+    // a type with an exchange table (torch) or `__dlpack__`; each is imported
+    // through DLPack.
+    if obj.cast_exact::<TensorObject>().is_ok() || is_capsule(obj) || numpy::is_exact_ndarray(obj) {
         return import_dlpack(obj, options, ready_on);
+    }
+    let table = exchange::lookup(obj);
+    if table.is_some() || has_dlpack(obj) {
+        return import_from_producer(obj, table, options, ready_on);
     }
     // SAFETY: a type-slot check on a live object.
     let imported = if unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1 {
