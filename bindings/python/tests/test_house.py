@@ -73,3 +73,30 @@ def test_this_repository_keeps_the_rules(capsys):
     house = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(house)
     assert house.main() == 0, capsys.readouterr().out
+
+
+def load_compile_once():
+    spec = importlib.util.spec_from_file_location("compile_once_under_test", ROOT / "scripts" / "compile_once.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def unit(name, features=(), deps=(), debuginfo=2):
+    return {"pkg_id": f"registry+https://github.com/rust-lang/crates.io-index#{name}@1.0.0",
+            "target": {"name": name.replace("-", "_")}, "mode": "build", "platform": None,
+            "features": list(features), "profile": {"opt_level": "0", "debuginfo": debuginfo, "panic": "unwind"},
+            "dependencies": [{"index": i} for i in deps]}
+
+
+def test_compile_once_finds_a_heavy_dependency_built_with_other_features():
+    """scripts/compile_once.py names a crate under candle-core that an example would build again, and
+    leaves alone one outside candle's tree."""
+    compile_once = load_compile_once()
+    workspace = [unit("candle-core", deps=[1]), unit("getrandom", ["std"]), unit("half", ["std"])]
+    same = [unit("candle-core", deps=[1]), unit("getrandom", ["std"]), unit("half")]
+    assert compile_once.differences(workspace, same) == []
+    narrower = [unit("candle-core", deps=[1]), unit("getrandom"), unit("half")]
+    found = compile_once.differences(workspace, narrower)
+    # The cause is named: candle-core's own unit is the same, and rebuilds only because of it.
+    assert [key[0].rsplit("#", 1)[-1] for key in found] == ["getrandom@1.0.0"]
