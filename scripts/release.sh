@@ -143,7 +143,7 @@ log "installing $(basename "$wheel") and the example extensions into $TEST_VENV"
 # their build is reused, and installed as wheels.
 for example in "$ROOT"/examples/*/pyproject.toml; do  # every example, as ./dev builds them
     (cd "$(dirname "$example")" && VIRTUAL_ENV="$DEV_VENV" PATH="$DEV_VENV/bin:$PATH" \
-        CARGO_TARGET_DIR="$CACHE/target" "$DEV_VENV/bin/maturin" build --release --quiet \
+        CARGO_TARGET_DIR="$CACHE/target" "$DEV_VENV/bin/maturin" build --quiet \
         --interpreter "$DEV_VENV/bin/python" --out "$WORK/examples")
 done
 "$TEST_VENV/bin/python" -m pip install --quiet --no-deps --no-index "$wheel" "$WORK"/examples/*.whl

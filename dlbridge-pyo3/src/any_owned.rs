@@ -65,11 +65,11 @@ impl AnyOwned {
     /// with a view whose typed reads (`as_slice`, `try_as_array`, copies) work
     /// while it lives. BufferError while a [`PyTensorMut`](crate::PyTensorMut)
     /// of overlapping memory is alive, in any extension.
-    pub fn read(&self) -> PyResult<crate::ReadGuard<'_>> {
+    pub fn read<'a>(&'a self, py: Python<'a>) -> PyResult<crate::ReadGuard<'a>> {
         // SAFETY: memory that Python objects can reach is written from Rust only
         // under an exclusive borrow of the registry (`PyTensorMut`); an unaliased
         // owner is written only through `try_view_mut`, which needs `&mut self`.
-        unsafe { crate::ReadGuard::new(self.view()) }
+        unsafe { crate::ReadGuard::new(py, self.view()) }
     }
 
     /// Whether the memory is reachable through other objects (anything imported

@@ -26,13 +26,37 @@ impl SameThread<'_> {
     }
 }
 
+/// Whether the calling thread holds the GIL. Safe on any thread, with or
+/// without it. (PyGILState_Check answers 1 on every thread once a
+/// sub-interpreter exists, and detaching without the GIL is fatal.)
+pub(crate) fn holds_gil() -> bool {
+    // SAFETY: reads the current thread state, which may be NULL; allowed
+    // without the GIL.
+    let current = unsafe { ffi::compat::PyThreadState_GetUnchecked() };
+    if current.is_null() {
+        return false;
+    }
+    // From 3.12 the current state is the calling thread's own. Before, it is
+    // the state of whichever thread holds the GIL, so it must be this
+    // thread's (what PyGILState_Check compares).
+    // SAFETY: this thread's auto state, or NULL; allowed without the GIL.
+    thread_local_current_state() || current == unsafe { ffi::PyGILState_GetThisThreadState() }
+}
+
+/// Whether this interpreter keeps the current thread state per thread (3.12 and later).
+fn thread_local_current_state() -> bool {
+    static KNOWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KNOWN.get_or_init(|| {
+        // SAFETY: a static string, "3.11.7 (main, ...)", readable on any thread.
+        let version = unsafe { core::ffi::CStr::from_ptr(ffi::Py_GetVersion()) }.to_bytes();
+        let mut parts = version.split(|&b| b == b'.' || b == b' ');
+        let number = |part: Option<&[u8]>| core::str::from_utf8(part.unwrap_or_default()).ok()?.parse::<u32>().ok();
+        matches!((number(parts.next()), number(parts.next())), (Some(major), Some(minor)) if (major, minor) >= (3, 12))
+    })
+}
+
 fn detached(call: &mut dyn FnMut()) {
-    // Whether this thread holds the GIL: its thread state is the current one.
-    // (PyGILState_Check answers 1 on every thread once a sub-interpreter
-    // exists, and detaching without the GIL is a fatal error.)
-    // SAFETY: reads the calling thread's current state, which may be NULL;
-    // safe on any thread, with or without the GIL.
-    if unsafe { !ffi::compat::PyThreadState_GetUnchecked().is_null() } {
+    if holds_gil() {
         // SAFETY: this thread holds the GIL (checked just above).
         let py = unsafe { Python::assume_attached() };
         let call = SameThread(call);

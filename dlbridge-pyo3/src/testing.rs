@@ -29,10 +29,22 @@ fn _drop_on_rust_thread(py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<()> {
         .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("the dropping thread panicked"))
 }
 
+/// Whether the GIL check (which decides whether a blocking driver call
+/// detaches) answers yes here, and no on a Rust thread that runs while this
+/// one holds the GIL: before 3.12 the current thread state is global, and a
+/// check that reads only it answers yes on every thread.
+#[pyfunction]
+fn _holds_gil_here_and_elsewhere() -> PyResult<(bool, bool)> {
+    let elsewhere = std::thread::spawn(crate::gil::holds_gil)
+        .join()
+        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("the checking thread panicked"))?;
+    Ok((crate::gil::holds_gil(), elsewhere))
+}
+
 /// How many argument borrows are live: 0 between extension calls.
 #[pyfunction]
-fn _live_borrows() -> usize {
-    crate::borrows::live_count()
+fn _live_borrows(py: Python<'_>) -> usize {
+    crate::borrows::live_count(py)
 }
 
 /// Reads `x` as a [`PyTensor`](crate::PyTensor) and `y` as a
@@ -141,6 +153,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(_exchange_api_calls, module)?)?;
     module.add_function(wrap_pyfunction!(_drop_on_rust_thread, module)?)?;
     module.add_function(wrap_pyfunction!(_live_borrows, module)?)?;
+    module.add_function(wrap_pyfunction!(_holds_gil_here_and_elsewhere, module)?)?;
     module.add_function(wrap_pyfunction!(_read_then_write, module)?)?;
     module.add_function(wrap_pyfunction!(_while_borrowed, module)?)?;
     module.add_function(wrap_pyfunction!(_argument_ready_stream, module)?)?;

@@ -69,7 +69,7 @@ fn no_public_import_writes_or_reads_without_a_borrow() {
         let mut writer: PyTensorMut<'_> = data.as_any().extract()?;
         let mut vm = writer.view_mut()?;
         let w: &mut [u8] = vm.try_as_slice_mut().map_err(dlbridge_pyo3::to_py_err)?;
-        let read = first.read();
+        let read = first.read(py);
         if let Ok(read) = &read {
             let r = read.view().as_slice::<u8>().expect("u8 bytes");
             let (before, after) = write_then_reread(w, r);
@@ -79,7 +79,7 @@ fn no_public_import_writes_or_reads_without_a_borrow() {
         drop(vm);
         drop(writer);
         // And a reader excludes a writer.
-        let read = first.read()?;
+        let read = first.read(py)?;
         let err = data.as_any().extract::<PyTensorMut<'_>>().err().expect("read-borrowed");
         assert!(err.is_instance_of::<PyBufferError>(py), "{err}");
         drop(read);
@@ -104,12 +104,12 @@ fn an_exclusive_borrow_excludes_every_reader_in_the_process() {
         };
         let other = from_dlpack(t.as_any(), ImportOptions::default())?;
         assert_eq!(other.view().as_slice::<u8>(), None);
-        refused(other.read().map(drop), "from_dlpack(...).read()")?;
-        refused(from_dlpack_ready(t.as_any(), ImportOptions::default())?.0.read().map(drop), "from_dlpack_ready")?;
+        refused(other.read(py).map(drop), "from_dlpack(...).read()")?;
+        refused(from_dlpack_ready(t.as_any(), ImportOptions::default())?.0.read(py).map(drop), "from_dlpack_ready")?;
         assert_eq!(t.get().view().as_slice::<u8>(), None);
-        refused(t.get().read().map(drop), "Tensor::read")?;
+        refused(t.get().read(py).map(drop), "Tensor::read")?;
         refused(t.as_any().extract::<PyTensor<'_>>().map(drop), "PyTensor")?;
-        refused(import_any(bytes.as_any(), ImportOptions::default())?.read().map(drop), "import_any(bytearray).read()")?;
+        refused(import_any(bytes.as_any(), ImportOptions::default())?.read(py).map(drop), "import_any(bytearray).read()")?;
         // With both writers alone, their writes land.
         let mut vx = x.view_mut()?;
         vx.try_as_slice_mut::<u8>().map_err(dlbridge_pyo3::to_py_err)?[0] = 1;
@@ -119,7 +119,7 @@ fn an_exclusive_borrow_excludes_every_reader_in_the_process() {
         drop(vy);
         drop(x);
         drop(y);
-        assert_eq!(t.get().read()?.view().as_slice::<u8>().map(|s| s[0]), Some(1));
+        assert_eq!(t.get().read(py)?.view().as_slice::<u8>().map(|s| s[0]), Some(1));
         assert_eq!(bytes.to_vec()[0], 2);
         Ok(())
     })

@@ -51,7 +51,7 @@ fn tensor_exports_and_reimports_through_a_capsule() {
         let owned = from_dlpack(&capsule, ImportOptions::default())?;
         assert!(matches!(owned, AnyOwned::Versioned(_)));
         assert_eq!(owned.view().as_slice::<i32>(), None, "reachable from Python: read under a borrow");
-        assert_eq!(owned.read()?.view().as_slice::<i32>(), Some(&[1, 2, 3, 4, 5, 6][..]));
+        assert_eq!(owned.read(py)?.view().as_slice::<i32>(), Some(&[1, 2, 3, 4, 5, 6][..]));
         assert_eq!(owned.view().as_ptr(), t.get().view().as_ptr(), "zero-copy");
         assert!(from_dlpack(&capsule, ImportOptions::default()).is_err(), "a capsule is consumed once");
         // A legacy export re-imported has unknown writability, relayed as read-only.

@@ -62,6 +62,7 @@ mod buffer;
 mod candle;
 pub mod copy;
 mod device;
+mod dims;
 pub mod dtype;
 mod dtype_rules;
 mod element;

@@ -102,3 +102,14 @@ print("ok")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_the_gil_check_answers_for_the_calling_thread_only():
+    """Blocking driver calls detach from Python only on a thread that holds the GIL; detaching on
+    one that does not is fatal (or hands another thread's GIL away). Before 3.12 the current thread
+    state is the GIL holder's, whichever thread asks, so a check that reads only it said yes on a
+    Rust thread running while Python held the GIL."""
+    from dlbridge import _native
+
+    here, elsewhere = _native._holds_gil_here_and_elsewhere()
+    assert (here, elsewhere) == (True, False)

@@ -15,6 +15,7 @@
 //! CUDA managed memory, which `view()` lets host code read, is waited for by
 //! the host at extraction.
 
+mod in_place;
 mod kinds;
 mod typed;
 
@@ -26,15 +27,14 @@ use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::Borrowed;
 
+use in_place::{in_place, InPlace};
 pub use kinds::{AnyDevice, AnyDtype, AnyLayout, AnyRank, CContiguous, Cpu, Cuda, DeviceKind, Dtype, FContiguous, LayoutKind, Rank};
 
 use crate::borrows::{acquire, Borrow};
 use crate::any_owned::AnyOwned;
 use crate::convert::type_name;
-use crate::exchange;
 use crate::handoff::{settle, wait_for_argument};
-use crate::import::{from_dlpack, import_for_extension, is_exact_ndarray, numpy_import, numpy_view, ImportOptions};
-use crate::tensor::TensorObject;
+use crate::import::{from_dlpack, import_for_extension, ImportOptions};
 use crate::writability::Writability;
 
 /// A read-only argument that accepts any producer's tensor: DLPack objects and
@@ -59,13 +59,15 @@ use crate::writability::Writability;
 pub struct PyTensor<'py, T: Dtype = AnyDtype, D: Rank = AnyRank, Dev: DeviceKind = AnyDevice, L: LayoutKind = AnyLayout> {
     /// Dropped first: a producer's deleter, run when `owned` drops, may borrow
     /// the same memory again.
-    _borrow: Borrow,
+    _borrow: Borrow<'py>,
     /// Readable under `_borrow`. Its `'static` is private: the data lives as
     /// long as `owned` (or `source`, for a borrowed fill), and the view is only
     /// handed out reborrowed from `&self`.
     view: TensorView<'static>,
-    /// The owning import; `None` for a non-owning fill, which `source` keeps alive.
-    owned: Option<AnyOwned>,
+    /// The owning import; `None` for memory read in place, which `source`
+    /// keeps alive. Boxed: the argument is moved on every call, the import
+    /// made only off the fast paths.
+    owned: Option<Box<AnyOwned>>,
     source: Bound<'py, PyAny>,
     ready: Option<i64>,
     _kind: Kind<T, D, Dev, L>,
@@ -138,7 +140,7 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
     /// through DLPack first).
     pub fn into_owned(self) -> PyResult<AnyOwned> {
         match self.owned {
-            Some(owned) => Ok(owned),
+            Some(owned) => Ok(*owned),
             None => from_dlpack(&self.source, ImportOptions::default()),
         }
     }
@@ -148,29 +150,9 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
         crate::gil::release_in_driver_calls();
         let source = obj.clone();
         let requested = stream.map(Stream::value);
-        // A borrow without an export: our own Tensor directly, a NumPy array in
-        // place, else through the producer's table. Each view reads the source's
-        // memory, which `source` keeps alive for as long as this PyTensor; the
-        // view never outlives it. One that does not validate is left for the
-        // owned import.
-        let borrowed = if let Ok(tensor) = source.cast_exact::<TensorObject>() {
-            let tensor = tensor.get();
-            let (dl, ready) = (tensor.borrowed_dltensor(), tensor.stream_for(requested)?);
-            // SAFETY: as above.
-            unsafe { TensorView::from_dltensor(&dl, tensor.view().is_subbyte_padded()) }.ok().map(|view| (view, ready))
-        } else if is_exact_ndarray(&source) {
-            // SAFETY: as above.
-            unsafe { numpy_view(&source) }?.map(|(view, _read_only)| (view, None))
-        } else if let Some(table) = exchange::lookup(&source) {
-            match exchange::fill_borrowed(&source, table)? {
-                // SAFETY: as above.
-                Some((dl, ready)) => unsafe { TensorView::from_dltensor(&dl, false) }.ok().map(|view| (view, ready)),
-                None => None,
-            }
-        } else {
-            None
-        };
-        if let Some((view, ready)) = borrowed {
+        // SAFETY: the view reads the source's memory, which `source` keeps
+        // alive for as long as this PyTensor; the view never outlives it.
+        if let Some(InPlace { view, ready, .. }) = unsafe { in_place(&source, requested, true) }? {
             // On ROCm only `__dlpack__` can order the producer's work before a stream.
             let orderable = requested.is_none() || view.device().device_type != DeviceType::ROCM;
             if orderable {
@@ -179,7 +161,7 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
                 let ready = if requested.is_some() { settle(view.device(), ready, requested)? } else { ready };
                 wait_for_argument(view.device(), ready, requested)?;
                 check_kind::<T, D, Dev, L>(&view, &source)?;
-                let borrow = acquire(&view, false, || type_name(&source))?;
+                let borrow = acquire(source.py(), &view, false, || type_name(&source))?;
                 T::check_elements(&view).map_err(|err| element_error::<T, D, Dev, L>(&view, &source, err))?;
                 return Ok(PyTensor { view, owned: None, source, ready, _borrow: borrow, _kind: PhantomData });
             }
@@ -187,12 +169,12 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
         let (owned, ready) = import_for_extension(&source, stream)?;
         check_kind::<T, D, Dev, L>(owned.view(), &source)?;
         wait_for_argument(owned.view().device(), ready, requested)?;
-        let borrow = acquire(owned.view(), false, || type_name(&source))?;
+        let borrow = acquire(source.py(), owned.view(), false, || type_name(&source))?;
         // SAFETY: the shared borrow just taken lives as long as the PyTensor,
         // and so does `owned`, which keeps the data alive.
         let view = unsafe { view_under_borrow(&owned) };
         T::check_elements(&view).map_err(|err| element_error::<T, D, Dev, L>(&view, &source, err))?;
-        Ok(PyTensor { view, owned: Some(owned), source, ready, _borrow: borrow, _kind: PhantomData })
+        Ok(PyTensor { view, owned: Some(Box::new(owned)), source, ready, _borrow: borrow, _kind: PhantomData })
     }
 }
 
@@ -226,11 +208,12 @@ impl<'a, 'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> FromPyObject<'a
 /// ```
 pub struct PyTensorMut<'py, T: Dtype = AnyDtype, D: Rank = AnyRank, Dev: DeviceKind = AnyDevice, L: LayoutKind = AnyLayout> {
     /// Dropped first, as in [`PyTensor`].
-    _borrow: Borrow,
+    _borrow: Borrow<'py>,
     /// For reads between writes; `'static` is private, as in [`PyTensor`].
     view: TensorView<'static>,
-    /// Keeps the data alive.
-    _owned: AnyOwned,
+    /// Keeps the data alive; `None` for memory written in place, which
+    /// `source` keeps alive.
+    _owned: Option<Box<AnyOwned>>,
     source: Bound<'py, PyAny>,
     ready: Option<i64>,
     _kind: Kind<T, D, Dev, L>,
@@ -278,33 +261,52 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
         crate::borrows::prepare();
         crate::gil::release_in_driver_calls();
         let source = obj.clone();
-        // A NumPy array is imported in place (host memory: no stream to settle).
-        let numpy = if stream.is_none() && is_exact_ndarray(&source) { numpy_import(&source)? } else { None };
-        let (owned, ready) = match numpy {
-            Some(mut owned) => {
-                owned.mark_aliased();
-                (owned, None)
+        // A NumPy array or a dlbridge Tensor is written in place (host memory,
+        // or a Tensor's own: no stream to settle unless asked for one).
+        if stream.is_none() {
+            // SAFETY: the view reads the source's memory, which `source` keeps
+            // alive for as long as this PyTensorMut; the view never outlives it.
+            if let Some(InPlace { view, ready, writability, copied }) = unsafe { in_place(&source, None, false) }? {
+                check_kind::<T, D, Dev, L>(&view, &source)?;
+                wait_for_argument(view.device(), ready, None)?;
+                let refusal = write_refusal(writability, copied, &view);
+                return Self::writable_under_borrow(view, None, source, ready, refusal);
             }
-            None => import_for_extension(&source, stream)?,
-        };
+        }
+        let (owned, ready) = import_for_extension(&source, stream)?;
         check_kind::<T, D, Dev, L>(owned.view(), &source)?;
         wait_for_argument(owned.view().device(), ready, stream.map(Stream::value))?;
-        if let Some(why) = write_refusal(&owned) {
+        let refusal = write_refusal(Writability::of(&owned), owned.is_copied(), owned.view());
+        // SAFETY: the exclusive borrow taken next lives as long as the
+        // PyTensorMut, and so does `owned`, which keeps the data alive.
+        let view = unsafe { view_under_borrow(&owned) };
+        Self::writable_under_borrow(view, Some(Box::new(owned)), source, ready, refusal)
+    }
+
+    /// Refuses with `refusal`, or takes the exclusive borrow of `view`'s bytes
+    /// that makes it writable through this argument.
+    fn writable_under_borrow(
+        view: TensorView<'static>,
+        owned: Option<Box<AnyOwned>>,
+        source: Bound<'py, PyAny>,
+        ready: Option<i64>,
+        refusal: Option<&'static str>,
+    ) -> PyResult<Self> {
+        if let Some(why) = refusal {
             return Err(PyBufferError::new_err(format!("cannot borrow this {} as writable: {why}", type_name(&source))));
         }
-        let borrow = acquire(owned.view(), true, || type_name(&source))?;
-        // SAFETY: the exclusive borrow just taken lives as long as the
-        // PyTensorMut, and so does `owned`; reads through this view and writes
-        // through `view_mut` need `&self` and `&mut self`, so never overlap.
-        let view = unsafe { view_under_borrow(&owned) };
+        // Reads through `view` and writes through `view_mut` need `&self` and
+        // `&mut self`, so never overlap; the borrow excludes every other path.
+        let borrow = acquire(source.py(), &view, true, || type_name(&source))?;
         T::check_elements(&view).map_err(|err| element_error::<T, D, Dev, L>(&view, &source, err))?;
         Ok(PyTensorMut { view, _owned: owned, source, ready, _borrow: borrow, _kind: PhantomData })
     }
 }
 
-/// Why `owned` may not be written, with what to do instead; `None` if it may.
-fn write_refusal(owned: &AnyOwned) -> Option<&'static str> {
-    match Writability::of(owned) {
+/// Why memory with this writability, provenance and layout may not be
+/// written, with what to do instead; `None` if it may.
+fn write_refusal(writability: Writability, copied: bool, view: &TensorView<'_>) -> Option<&'static str> {
+    match writability {
         Writability::Writable => {}
         Writability::ReadOnly => return Some("its producer marked it read-only; pass a writable copy (e.g. numpy.array(x))"),
         Writability::Unknown => {
@@ -314,10 +316,10 @@ fn write_refusal(owned: &AnyOwned) -> Option<&'static str> {
             )
         }
     }
-    if owned.is_copied() {
+    if copied {
         return Some("its producer handed over a copy (IS_COPIED), so writes would be lost; pass memory the caller owns");
     }
-    if !owned.view().is_non_overlapping() {
+    if !view.is_non_overlapping() {
         return Some("its elements overlap in memory (a broadcast); pass a copy (e.g. numpy.array(x))");
     }
     None

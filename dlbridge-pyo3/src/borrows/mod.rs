@@ -17,10 +17,11 @@
 mod registry;
 
 use core::ffi::c_int;
+use core::marker::PhantomData;
 
 use dlbridge::{Device, TensorView};
 use pyo3::exceptions::PyBufferError;
-use pyo3::PyResult;
+use pyo3::prelude::*;
 
 use registry::{api, Conflict};
 
@@ -30,19 +31,41 @@ pub(crate) fn prepare() {
     let _ = api();
 }
 
-/// A live borrow in the registry; released when dropped.
+/// A live borrow in the registry; released when dropped. It holds a
+/// `Python<'py>` token, so it is dropped where the GIL is held (the
+/// registry's lock): a value bound to `'py` cannot leave the thread, nor
+/// enter `Python::detach`, which needs `Send`.
 #[derive(Debug)]
-pub(crate) struct Borrow {
+pub(crate) struct Borrow<'py> {
     id: u64,
+    _gil: PhantomData<Python<'py>>,
 }
 
-impl Drop for Borrow {
+impl Drop for Borrow<'_> {
     fn drop(&mut self) {
         if self.id != 0 {
-            // SAFETY: the registry's own function, with an id it gave out.
+            // SAFETY: the registry's own function, with an id it gave out;
+            // the GIL is held (the token's lifetime has not ended).
             unsafe { (api().release)(self.id) }
         }
     }
+}
+
+/// Whether the interpreter runs with the GIL, the registry's lock. A
+/// free-threaded CPython turns it back on when it imports an extension built
+/// with PyO3's defaults, unless told not to (`PYTHON_GIL=0`).
+fn gil_enabled(py: Python<'_>) -> bool {
+    static ENABLED: pyo3::sync::PyOnceLock<bool> = pyo3::sync::PyOnceLock::new();
+    *ENABLED.get_or_init(py, || {
+        let ask = || -> PyResult<bool> {
+            let sys = py.import("sys")?;
+            match sys.getattr("_is_gil_enabled") {
+                Ok(is_enabled) => is_enabled.call0()?.extract(),
+                Err(_) => Ok(true), // before 3.13: always
+            }
+        };
+        ask().unwrap_or(false)
+    })
 }
 
 /// The address space a view's bytes live in, as one number: all CPU-reachable
@@ -55,16 +78,23 @@ fn space_of(view: &TensorView<'_>) -> u64 {
 /// Registers a borrow of `view`'s bytes, refused with BufferError if it
 /// conflicts with a live one: a shared borrow conflicts with an exclusive one,
 /// an exclusive with any. `what` names the object, for the message.
-pub(crate) fn acquire(view: &TensorView<'_>, exclusive: bool, what: impl FnOnce() -> String) -> PyResult<Borrow> {
+pub(crate) fn acquire<'py>(py: Python<'py>, view: &TensorView<'_>, exclusive: bool, what: impl FnOnce() -> String) -> PyResult<Borrow<'py>> {
     let bytes = view.byte_range();
     if bytes.is_empty() {
-        return Ok(Borrow { id: 0 });
+        return Ok(Borrow { id: 0, _gil: PhantomData });
+    }
+    if !gil_enabled(py) {
+        return Err(PyBufferError::new_err(
+            "dlbridge-pyo3 borrows tensors under Python's GIL, which this interpreter runs without \
+             (PYTHON_GIL=0); run it with the GIL",
+        ));
     }
     let mut conflict = Conflict::default();
-    // SAFETY: the registry's own function, with a writable out pointer.
+    // SAFETY: the registry's own function, with a writable out pointer, with
+    // the GIL held (`py`).
     let id = unsafe { (api().acquire)(space_of(view), bytes.start, bytes.end, c_int::from(exclusive), &mut conflict) };
     if id != 0 {
-        return Ok(Borrow { id });
+        return Ok(Borrow { id, _gil: PhantomData });
     }
     let (mine, theirs) = match (exclusive, conflict.exclusive) {
         (true, true) => ("writable", "writable"),
@@ -82,7 +112,10 @@ pub(crate) fn acquire(view: &TensorView<'_>, exclusive: bool, what: impl FnOnce(
 
 /// A shared borrow of a tensor's bytes, and a view to read them through:
 /// while it lives, no [`PyTensorMut`](crate::PyTensorMut) of overlapping
-/// memory can be taken in any extension of the process.
+/// memory can be taken in any extension of the process. It is taken and
+/// ended with the GIL held (its lifetime is the `Python` token's), as
+/// rust-numpy's `PyReadonlyArray` is; its slices may be read with the GIL
+/// released (`py.detach(|| ...)`).
 ///
 /// ```no_run
 /// use dlbridge_pyo3::{from_dlpack, ImportOptions};
@@ -91,15 +124,33 @@ pub(crate) fn acquire(view: &TensorView<'_>, exclusive: bool, what: impl FnOnce(
 /// #[pyfunction]
 /// fn first(x: &Bound<'_, PyAny>) -> PyResult<f32> {
 ///     let owned = from_dlpack(x, ImportOptions::default())?; // may be reached through x: aliased
-///     let read = owned.read()?;                             // so reads take a shared borrow
+///     let read = owned.read(x.py())?;                       // so reads take a shared borrow
 ///     let values: &[f32] = read.view().try_as_slice().map_err(dlbridge_pyo3::to_py_err)?;
 ///     Ok(values[0])
+/// }
+/// ```
+///
+/// The guard stays on the thread that holds the GIL: it cannot be sent
+/// elsewhere, where it would be dropped without the registry's lock (its
+/// view can: `let view = guard.view();` crosses threads).
+///
+/// ```compile_fail
+/// use dlbridge_pyo3::AnyOwned;
+/// use pyo3::Python;
+///
+/// fn send_away(owned: &AnyOwned) {
+///     Python::attach(|py| {
+///         let guard = owned.read(py).unwrap();
+///         std::thread::scope(|s| {
+///             s.spawn(move || drop(guard)); // a ReadGuard is not Send
+///         });
+///     });
 /// }
 /// ```
 #[derive(Debug)]
 pub struct ReadGuard<'a> {
     view: TensorView<'a>,
-    _borrow: Borrow,
+    _borrow: Borrow<'a>,
 }
 
 impl<'a> ReadGuard<'a> {
@@ -108,8 +159,8 @@ impl<'a> ReadGuard<'a> {
     /// # Safety
     /// Nothing may write the bytes except under an exclusive borrow of this
     /// registry (`view` is the view of memory Python objects may reach).
-    pub(crate) unsafe fn new(view: &'a TensorView<'_>) -> PyResult<Self> {
-        let borrow = acquire(view, false, || "tensor".to_owned())?;
+    pub(crate) unsafe fn new(py: Python<'a>, view: &'a TensorView<'_>) -> PyResult<Self> {
+        let borrow = acquire(py, view, false, || "tensor".to_owned())?;
         // SAFETY: the shared borrow just taken excludes every writer the
         // registry knows of, which by the caller's contract is every writer.
         let view = unsafe { view.assume_unaliased() };
@@ -125,7 +176,7 @@ impl<'a> ReadGuard<'a> {
 
 /// How many borrows are live in the process (for tests).
 #[cfg(feature = "testing")]
-pub(crate) fn live_count() -> usize {
-    // SAFETY: the registry's own function.
+pub(crate) fn live_count(_py: Python<'_>) -> usize {
+    // SAFETY: the registry's own function, with the GIL held.
     unsafe { (api().live)() }
 }

@@ -10,9 +10,9 @@
 //! incompatible major version is not used: this extension then keeps its own
 //! registry, as it would alone.
 
+use core::cell::UnsafeCell;
 use core::ffi::{c_int, CStr};
-use core::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use core::sync::atomic::{AtomicPtr, Ordering};
 
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -23,7 +23,8 @@ const MODULE: &CStr = c"_dlbridge_borrows";
 /// The capsule's name, which is also its attribute in [`MODULE`].
 const CAPSULE: &CStr = c"_dlbridge_borrows.api";
 /// Changed only when a field's meaning changes; new fields are appended and counted by `size`.
-const ABI_MAJOR: u32 = 1;
+/// (2: the functions are called with the GIL held, which is their lock.)
+const ABI_MAJOR: u32 = 2;
 
 /// A live borrow that a new one conflicts with.
 #[repr(C)]
@@ -38,6 +39,7 @@ pub(crate) struct Conflict {
 }
 
 /// The shared table. Fields are only appended; `size` says how many a publisher filled.
+/// Every function is called with the GIL held.
 #[repr(C)]
 pub(crate) struct RegistryApi {
     /// [`ABI_MAJOR`] of the publisher.
@@ -63,17 +65,36 @@ struct Entry {
     exclusive: bool,
 }
 
-static LIVE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// The live borrows and the next id to give out. The GIL is their lock:
+/// every function of the table is called with it held (their contract), so
+/// one thread at a time reaches them, and an extension call pays for no
+/// atomic instruction here. (A `Mutex` would cost two per borrow, a tenth of
+/// a one-argument call; borrows that Rust code could end without the GIL
+/// hold a `Python` token instead, see `Borrow`.)
+struct Live(UnsafeCell<(Vec<Entry>, u64)>);
 
-fn live_entries() -> std::sync::MutexGuard<'static, Vec<Entry>> {
-    // A panic elsewhere cannot leave the list inconsistent: every change is one push or retain.
-    LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+// SAFETY: `state` is reached only from the table's functions, whose callers
+// hold the GIL, which one thread holds at a time.
+unsafe impl Sync for Live {}
+
+static LIVE: Live = Live(UnsafeCell::new((Vec::new(), 1)));
+
+/// The live borrows and the next id.
+///
+/// # Safety
+/// The caller holds the GIL and drops the result before anything else
+/// (another call of this function included) can run.
+#[allow(clippy::mut_from_ref)]
+unsafe fn live_entries() -> &'static mut (Vec<Entry>, u64) {
+    // SAFETY: forwarded from the caller: the GIL excludes every other thread,
+    // and the caller every other reference on this one.
+    unsafe { &mut *LIVE.0.get() }
 }
 
 unsafe extern "C" fn acquire(space: u64, start: usize, end: usize, exclusive: c_int, conflict: *mut Conflict) -> u64 {
     let exclusive = exclusive != 0;
-    let mut live = live_entries();
+    // SAFETY: the caller holds the GIL (this function's contract); nothing below calls out.
+    let (live, next_id) = unsafe { live_entries() };
     let clash = live.iter().find(|e| e.space == space && e.start < end && start < e.end && (exclusive || e.exclusive));
     if let Some(other) = clash {
         if !conflict.is_null() {
@@ -86,14 +107,16 @@ unsafe extern "C" fn acquire(space: u64, start: usize, end: usize, exclusive: c_
     if live.try_reserve(1).is_err() {
         return 0;
     }
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let id = *next_id;
+    *next_id += 1;
     live.push(Entry { id, space, start, end, exclusive });
     id
 }
 
 unsafe extern "C" fn release(id: u64) {
     if id != 0 {
-        let mut live = live_entries();
+        // SAFETY: as in `acquire`.
+        let (live, _) = unsafe { live_entries() };
         if let Some(i) = live.iter().rposition(|e| e.id == id) {
             live.swap_remove(i);
         }
@@ -101,7 +124,8 @@ unsafe extern "C" fn release(id: u64) {
 }
 
 unsafe extern "C" fn live() -> usize {
-    live_entries().len()
+    // SAFETY: as in `acquire`.
+    unsafe { live_entries() }.0.len()
 }
 
 static OWN: RegistryApi = RegistryApi {
@@ -114,14 +138,30 @@ static OWN: RegistryApi = RegistryApi {
 
 /// The process's registry: the one published in `sys.modules`, published
 /// by this extension if no other did first.
+#[inline]
 pub(crate) fn api() -> &'static RegistryApi {
-    static API: OnceLock<&'static RegistryApi> = OnceLock::new();
-    if let Some(api) = API.get() {
-        return api;
+    let known = API.load(Ordering::Acquire);
+    if known.is_null() {
+        return find_api();
     }
-    // Two threads may both look: `setdefault` gives both the same table.
-    let found = Python::attach(|py| shared(py).unwrap_or(&OWN));
-    API.get_or_init(|| found)
+    // SAFETY: only 'static tables are stored.
+    unsafe { &*known }
+}
+
+/// The table [`api`] hands out, once found.
+static API: AtomicPtr<RegistryApi> = AtomicPtr::new(core::ptr::null_mut());
+
+#[cold]
+fn find_api() -> &'static RegistryApi {
+    // Two threads may both look: `setdefault` gives both the same table, and
+    // the first one stored is the one every caller uses.
+    let found = core::ptr::from_ref(Python::attach(|py| shared(py).unwrap_or(&OWN))).cast_mut();
+    let kept = match API.compare_exchange(core::ptr::null_mut(), found, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => found,
+        Err(first) => first,
+    };
+    // SAFETY: only 'static tables are stored.
+    unsafe { &*kept }
 }
 
 /// Finds the published table, or publishes ours; `None` if `sys.modules`

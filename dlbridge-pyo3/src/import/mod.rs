@@ -31,7 +31,7 @@ use pyo3::{ffi, intern};
 pub use buffer::import_buffer;
 pub use interface::{import_array_interface, import_cuda_array_interface};
 pub(crate) use negotiate::has_dlpack;
-pub(crate) use numpy::{import as numpy_import, is_exact_ndarray, view_of as numpy_view};
+pub(crate) use numpy::{is_exact_ndarray, view_of_exact as numpy_view_exact};
 
 use crate::capsule::{consume_capsule, is_capsule, AnyOwned};
 use crate::convert::type_name;
@@ -73,9 +73,9 @@ pub type Imported = (AnyOwned, Option<i64>);
 
 /// A copy of `owned` on `wanted`, which it cannot reach as it is (see
 /// [`crate::moves`]), with the stream the copy is ready on.
-fn move_to(owned: &AnyOwned, ready: Option<i64>, wanted: Device) -> PyResult<Imported> {
+fn move_to(py: Python<'_>, owned: &AnyOwned, ready: Option<i64>, wanted: Device) -> PyResult<Imported> {
     // The copy reads the memory: under a read borrow.
-    let (copied, ready): (OwnedTensor, _) = crate::moves::copy_to(owned.read()?.view(), ready, wanted)?;
+    let (copied, ready): (OwnedTensor, _) = crate::moves::copy_to(owned.read(py)?.view(), ready, wanted)?;
     Ok((AnyOwned::Versioned(copied), ready))
 }
 
@@ -107,7 +107,7 @@ enum ReadyOn {
 
 /// Applies `device`, `copy` and `stream` to an imported tensor, marked
 /// aliased: its memory stays reachable through the producer's objects.
-fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
+fn finish(py: Python<'_>, (mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
     owned.mark_aliased();
     let device = owned.view().device();
     let requested = options.stream.map(Stream::value);
@@ -133,7 +133,7 @@ fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyO
                     "cannot move a tensor from {device} to {wanted} without copying, and copy=False forbids it"
                 )));
             }
-            return move_to(&owned, ours, wanted);
+            return move_to(py, &owned, ours, wanted);
         }
         if host_bound {
             wait_if_managed(device, ours)?;
@@ -147,13 +147,13 @@ fn finish((mut owned, ready): Imported, options: ImportOptions, ready_on: ReadyO
     match options.copy {
         Some(true) if !owned.is_copied() => {
             if !device.device_type.has_streams() {
-                return Ok((AnyOwned::Versioned(to_contiguous(owned.read()?.view()).py()?), ready));
+                return Ok((AnyOwned::Versioned(to_contiguous(owned.read(py)?.view()).py()?), ready));
             }
             // Queued on the data's stream, or the legacy default when no work is
             // pending; the copy is then ready there (and no longer "no pending work").
             let on = ours.unwrap_or(Stream::CUDA_LEGACY.value());
             // SAFETY: a stream value as for `move_to`.
-            let copied: OwnedTensor = unsafe { dlbridge::cuda::copy_on_device(owned.read()?.view(), Some(on)) }.py()?;
+            let copied: OwnedTensor = unsafe { dlbridge::cuda::copy_on_device(owned.read(py)?.view(), Some(on)) }.py()?;
             // A managed copy is made by the host, complete when it returns.
             let ready = if device.device_type == DeviceType::CUDA_MANAGED { None } else { Some(on) };
             Ok((AnyOwned::Versioned(copied), ready))
@@ -182,7 +182,7 @@ pub fn from_dlpack_ready(obj: &Bound<'_, PyAny>, options: ImportOptions) -> PyRe
 
 fn import_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
     crate::gil::release_in_driver_calls();
-    let finish = |imported, options| finish(imported, options, ready_on);
+    let finish = |imported, options| finish(obj.py(), imported, options, ready_on);
     if let Ok(tensor) = obj.cast_exact::<TensorObject>() {
         let ready = tensor.get().stream_for(options.stream.map(Stream::value))?;
         return finish((Tensor::share(tensor)?, ready), options);
@@ -199,7 +199,7 @@ fn import_dlpack(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: Ready
 /// Imports through the producer's exchange table (`table`, looked up by the
 /// caller), else its `__dlpack__`.
 fn import_from_producer(obj: &Bound<'_, PyAny>, table: Option<exchange::Table>, options: ImportOptions, ready_on: ReadyOn) -> PyResult<Imported> {
-    let finish = |imported, options| finish(imported, options, ready_on);
+    let finish = |imported, options| finish(obj.py(), imported, options, ready_on);
     if let Some(table) = table {
         if let Some((owned, ready)) = exchange::import_owned(obj, table)? {
             return finish((AnyOwned::Versioned(owned), ready), options);
@@ -269,7 +269,7 @@ fn import_anything(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: Rea
             type_name(obj)
         )));
     };
-    finish(imported, options, ready_on)
+    finish(obj.py(), imported, options, ready_on)
 }
 
 fn optional_attr<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, PyAny>>> {

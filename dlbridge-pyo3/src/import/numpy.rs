@@ -14,8 +14,6 @@
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicPtr, Ordering};
 
-use dlbridge::ffi::DLTensor;
-use dlbridge::layout::{element_stride, Small};
 use dlbridge::{DataType, Device, TensorView};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -165,12 +163,9 @@ fn ml_dtypes_table(py: Python<'_>) -> &'static [MlType] {
     }
 }
 
-/// The DLPack dtype of a NumPy dtype: builtin numbers, then `ml_dtypes`' types,
-/// recognised by scalar type identity, kind and item size.
-fn dtype_of(py: Python<'_>, descr: &NumpyDescrFields, descr_object: &Bound<'_, PyAny>) -> Option<DataType> {
-    if let Some(dtype) = numpy_dtype(descr.type_num) {
-        return Some(dtype);
-    }
+/// The DLPack dtype of a NumPy dtype that is not a builtin number: one of
+/// `ml_dtypes`' types, recognised by scalar type identity, kind and item size.
+fn ml_dtype_of(py: Python<'_>, descr: &NumpyDescrFields, descr_object: &Bound<'_, PyAny>) -> Option<DataType> {
     // User-defined NumPy types are numbered from 256; `ml_dtypes`' among them.
     if descr.type_num < 256 {
         return None;
@@ -246,17 +241,31 @@ pub(crate) unsafe fn view_of(obj: &Bound<'_, PyAny>) -> PyResult<Option<(TensorV
     if !is_exact_ndarray(obj) {
         return Ok(None);
     }
-    // SAFETY: `obj` is an exact numpy.ndarray (its type is the one the numpy
-    // module exports), whose object starts with these public fields; its descr
-    // is a live PyArray_Descr.
+    // SAFETY: checked just above; forwarded from the caller.
+    unsafe { view_of_exact(obj) }
+}
+
+/// [`view_of`] for an object already known to be an exact `numpy.ndarray`.
+///
+/// # Safety
+/// `obj` is an exact `numpy.ndarray` ([`is_exact_ndarray`]); as for [`view_of`].
+pub(crate) unsafe fn view_of_exact(obj: &Bound<'_, PyAny>) -> PyResult<Option<(TensorView<'static>, bool)>> {
+    // SAFETY: an exact numpy.ndarray (its type is the one the numpy module
+    // exports) starts with these public fields; its descr is a live PyArray_Descr.
     let (array, descr) = unsafe {
         let array = &*obj.as_ptr().cast::<NumpyArrayFields>();
         (array, &*array.descr)
     };
+    let dtype = match numpy_dtype(descr.type_num) {
+        Some(dtype) => dtype,
+        None => {
+            // SAFETY: the array holds a strong reference to its descr, a live dtype object.
+            let descr_object = unsafe { Borrowed::from_ptr(obj.py(), array.descr.cast_mut().cast::<ffi::PyObject>()) };
+            let Some(dtype) = ml_dtype_of(obj.py(), descr, &descr_object) else { return Ok(None) };
+            dtype
+        }
+    };
     let native = if cfg!(target_endian = "little") { b'<' } else { b'>' };
-    // SAFETY: the array holds a strong reference to its descr, a live dtype object.
-    let descr_object = unsafe { Borrowed::from_ptr(obj.py(), array.descr.cast_mut().cast::<ffi::PyObject>()) };
-    let Some(dtype) = dtype_of(obj.py(), descr, &descr_object) else { return Ok(None) };
     if !matches!(descr.byteorder as u8, b'=' | b'|') && descr.byteorder as u8 != native {
         return Ok(None);
     }
@@ -264,34 +273,22 @@ pub(crate) unsafe fn view_of(obj: &Bound<'_, PyAny>) -> PyResult<Option<(TensorV
         Ok(n) if n <= dlbridge::MAX_NDIM => n,
         _ => return Ok(None),
     };
+    let (dims, byte_strides) = (array.dimensions, array.strides);
+    let read_only = array.flags & NPY_ARRAY_WRITEABLE == 0;
     // `ml_dtypes` stores sub-byte values one per byte.
     let padded = dtype.is_sub_byte();
-    let itemsize = numpy_itemsize(dtype);
-    let (dims, byte_strides) = if ndim == 0 {
-        (&[][..], &[][..])
-    } else {
-        // SAFETY: a live array with nd > 0 has `nd` dimensions and strides, which
-        // live as long as the array.
-        unsafe { (core::slice::from_raw_parts(array.dimensions, ndim), core::slice::from_raw_parts(array.strides, ndim)) }
+    // SAFETY: the array's data stays valid for this layout for as long as the
+    // array lives (the caller keeps the view no longer); a live array with
+    // nd > 0 has `nd` dimensions and strides, read now. Everything is validated.
+    let view = unsafe {
+        TensorView::from_byte_strides(array.data, dtype, Device::CPU, ndim, padded, |i| {
+            (*dims.add(i) as i64, *byte_strides.add(i) as i64)
+        })
     };
-    let shape = Small::from_fn(ndim, |i| dims[i] as i64);
-    let Ok(strides) = Small::try_from_fn(ndim, |axis| element_stride(axis, byte_strides[axis] as i64, dims[axis] as i64, itemsize))
-    else {
-        return Ok(None); // NumPy's own export refuses these; let it say so.
-    };
-    let read_only = array.flags & NPY_ARRAY_WRITEABLE == 0;
-    let dl = DLTensor {
-        data: array.data,
-        device: Device::CPU,
-        ndim: ndim as i32,
-        dtype,
-        shape: shape.as_slice().as_ptr().cast_mut(),
-        strides: strides.as_slice().as_ptr().cast_mut(),
-        byte_offset: 0,
-    };
-    // SAFETY: `dl` describes the array's own data, which stays valid for this
-    // layout for as long as the array lives (the caller keeps the view no
-    // longer); its shape and strides are read now. Everything is validated again.
-    let view = unsafe { TensorView::from_dltensor(&dl, padded) }.py()?;
-    Ok(Some((view, read_only)))
+    match view {
+        Ok(view) => Ok(Some((view, read_only))),
+        // NumPy's own export refuses these; let it say so.
+        Err(dlbridge::Error::StrideNotWhole { .. }) => Ok(None),
+        Err(err) => Err(err).py(),
+    }
 }

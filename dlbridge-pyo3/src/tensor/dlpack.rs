@@ -196,7 +196,7 @@ impl Tensor {
             // A host copy is complete when made; a device copy is ready on the
             // legacy stream, which the consumer's is then made to wait for.
             let ready = if own.device_type.has_streams() { this.stream_for(None)? } else { None };
-            let (copy, ready) = copy_to::<M>(this.read()?.view(), ready, request.device)?;
+            let (copy, ready) = copy_to::<M>(this.read(slf.py())?.view(), ready, request.device)?;
             if request.order && ready.is_some() {
                 settle(request.device, ready, request.stream)?;
             }
@@ -228,10 +228,10 @@ impl Tensor {
                 // Fresh memory of the same kind: device memory copied on the
                 // consumer's stream, or managed memory copied by the host.
                 // SAFETY: a stream value as above.
-                return unsafe { dlbridge::cuda::copy_on_device::<M>(this.read()?.view(), ready) }.py();
+                return unsafe { dlbridge::cuda::copy_on_device::<M>(this.read(slf.py())?.view(), ready) }.py();
             }
             // Host memory, or managed memory asked for on the host (waited for above).
-            return to_contiguous::<M>(this.read()?.view()).py();
+            return to_contiguous::<M>(this.read(slf.py())?.view()).py();
         }
         let mut flags = this.writability.flags();
         if view.is_subbyte_padded() {

@@ -106,8 +106,8 @@ impl Tensor {
     /// A shared borrow of the tensor's bytes, with a view whose typed reads
     /// work while it lives; BufferError while an extension holds a
     /// [`PyTensorMut`](crate::PyTensorMut) of overlapping memory.
-    pub fn read(&self) -> PyResult<crate::ReadGuard<'_>> {
-        self.owned.read()
+    pub fn read<'a>(&'a self, py: Python<'a>) -> PyResult<crate::ReadGuard<'a>> {
+        self.owned.read(py)
     }
 
     /// Whether writes are not known to be allowed (read-only, or unknown).
@@ -178,9 +178,9 @@ impl Tensor {
     }
 
     /// [`read`](Self::read) for the host, after [`check_host_access`](Self::check_host_access).
-    pub(crate) fn host_read(&self) -> PyResult<crate::ReadGuard<'_>> {
+    pub(crate) fn host_read<'a>(&'a self, py: Python<'a>) -> PyResult<crate::ReadGuard<'a>> {
         self.check_host_access()?;
-        self.read()
+        self.read(py)
     }
 
     /// Blocks until the GPU work pending on CUDA managed memory is done, before

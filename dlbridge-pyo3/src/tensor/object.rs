@@ -156,7 +156,7 @@ impl TensorObject {
 
     /// The elements as nested Python lists (CPU only).
     fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        tolist::tolist(py, self.host_read()?.view())
+        tolist::tolist(py, self.host_read(py)?.view())
     }
 
     /// Pickle support: out-of-band bytes with protocol 5, in-band before.
@@ -219,8 +219,8 @@ impl TensorObject {
     }
 
     /// A C-contiguous copy in fresh memory that Rust owns.
-    fn copy(&self) -> PyResult<Tensor> {
-        let copied: OwnedTensor = to_contiguous(self.host_read()?.view()).py()?;
+    fn copy(&self, py: Python<'_>) -> PyResult<Tensor> {
+        let copied: OwnedTensor = to_contiguous(self.host_read(py)?.view()).py()?;
         Ok(Tensor::new(copied))
     }
 

@@ -40,13 +40,13 @@ mod read {
     use super::*;
 
     /// A C-contiguous copy of a CPU-accessible tensor, in fresh memory Rust owns.
-    pub(super) fn contiguous_copy(this: &Tensor) -> PyResult<OwnedTensor> {
-        to_contiguous(this.host_read()?.view()).py()
+    pub(super) fn contiguous_copy(py: Python<'_>, this: &Tensor) -> PyResult<OwnedTensor> {
+        to_contiguous(this.host_read(py)?.view()).py()
     }
 
     /// A new `bytes` object holding a C-contiguous CPU tensor's bytes.
     pub(super) fn to_bytes<'py>(py: Python<'py>, this: &Tensor) -> PyResult<Bound<'py, PyAny>> {
-        let read = this.host_read()?;
+        let read = this.host_read(py)?;
         if !read.view().is_c_contiguous() {
             return Err(PyValueError::new_err("only a C-contiguous tensor has one run of bytes"));
         }
@@ -157,7 +157,7 @@ pub(super) fn reduce_ex<'py>(slf: &Bound<'py, TensorObject>, protocol: i64) -> P
         this.wait_for_host()?;
         slf.clone()
     } else {
-        Bound::new(py, TensorObject::from(Tensor::with_writability(read::contiguous_copy(this)?.into(), this.writability)))?
+        Bound::new(py, TensorObject::from(Tensor::with_writability(read::contiguous_copy(py, this)?.into(), this.writability)))?
     };
     let payload = if protocol >= 5 {
         let bytes = Bound::new(py, TensorObject::from(bytes_view(&source)?))?;
@@ -179,7 +179,7 @@ pub(super) fn copy<'py>(slf: &Bound<'py, TensorObject>) -> PyResult<Bound<'py, P
     if this.origin.is_some() {
         return super::import_package(py, "dlbridge._shared", "copying a shared tensor")?.getattr(intern!(py, "share_memory"))?.call1((slf,));
     }
-    let copied = read::contiguous_copy(this)?;
+    let copied = read::contiguous_copy(py, this)?;
     Ok(Bound::new(py, TensorObject::from(Tensor::with_writability(copied.into(), this.writability)))?.into_any())
 }
 

@@ -1,0 +1,62 @@
+//! Where an argument's memory is read without an export or an allocation:
+//! a dlbridge `Tensor` (its own view), an exact NumPy array (its struct), or,
+//! for reads, a producer's exchange-table fill. Anything else is imported.
+
+use dlbridge::TensorView;
+use pyo3::prelude::*;
+
+use crate::exchange;
+use crate::import::{is_exact_ndarray, numpy_view_exact};
+use crate::tensor::TensorObject;
+use crate::writability::Writability;
+
+/// An argument's memory read where it lies, without an export or an
+/// allocation: a dlbridge `Tensor` (its own view), an exact NumPy array (its
+/// struct), or, for reads, a producer's exchange-table fill.
+pub(super) struct InPlace {
+    pub(super) view: TensorView<'static>,
+    pub(super) ready: Option<i64>,
+    /// What the producer said of writes (a fill says nothing: Unknown).
+    pub(super) writability: Writability,
+    /// Whether the producer handed over a copy (IS_COPIED).
+    pub(super) copied: bool,
+}
+
+/// `source`'s memory in place, if it can be read so; `None` leaves it to the
+/// owned import. The exchange table's fill, which says nothing of
+/// writability, is tried only when `fill` is set.
+///
+/// # Safety
+/// The view reads `source`'s memory: the caller keeps `source` alive for as
+/// long as it uses the view, and takes a registry borrow before reading.
+pub(super) unsafe fn in_place(source: &Bound<'_, PyAny>, requested: Option<i64>, fill: bool) -> PyResult<Option<InPlace>> {
+    if let Ok(tensor) = source.cast_exact::<TensorObject>() {
+        let tensor = tensor.get();
+        let ready = tensor.stream_for(requested)?;
+        // SAFETY: a Tensor never changes, and `source` keeps it and its memory
+        // alive (forwarded from the caller); typed reads wait for the caller's borrow.
+        let view = unsafe { core::mem::transmute::<TensorView<'_>, TensorView<'static>>(tensor.view().assume_unaliased()) };
+        let (writability, copied) = (tensor.writability(), tensor.owned().is_copied());
+        return Ok(Some(InPlace { view, ready, writability, copied }));
+    }
+    if is_exact_ndarray(source) {
+        // SAFETY: an exact ndarray, just checked; the rest is forwarded from the caller.
+        let view = unsafe { numpy_view_exact(source) }?;
+        return Ok(view.map(|(view, read_only)| {
+            let writability = if read_only { Writability::ReadOnly } else { Writability::Writable };
+            InPlace { view, ready: None, writability, copied: false }
+        }));
+    }
+    if fill {
+        if let Some(table) = exchange::lookup(source) {
+            if let Some((dl, ready)) = exchange::fill_borrowed(source, table)? {
+                // SAFETY: the fill describes `source`'s memory (forwarded from the
+                // caller); one that does not validate is left for the owned import.
+                if let Ok(view) = unsafe { TensorView::from_dltensor(&dl, false) } {
+                    return Ok(Some(InPlace { view, ready, writability: Writability::Unknown, copied: false }));
+                }
+            }
+        }
+    }
+    Ok(None)
+}
