@@ -1,18 +1,18 @@
 //! Where an argument's memory is read without an export or an allocation:
-//! a dlbridge `Tensor` (its own view), an exact NumPy array (its struct), or,
-//! for reads, a producer's exchange-table fill. Anything else is imported.
+//! a dlbridge `Tensor` (its own view, or the package's description of one of
+//! its class), an exact NumPy array (its struct), or, for reads, a producer's
+//! exchange-table fill. Anything else is imported.
 
 use dlbridge::TensorView;
 use pyo3::prelude::*;
 
 use crate::exchange;
 use crate::import::{is_exact_ndarray, numpy_view_exact};
-use crate::tensor::TensorObject;
+use crate::tensor::{describe_package_tensor, PackageTensor, TensorObject};
 use crate::writability::Writability;
 
 /// An argument's memory read where it lies, without an export or an
-/// allocation: a dlbridge `Tensor` (its own view), an exact NumPy array (its
-/// struct), or, for reads, a producer's exchange-table fill.
+/// allocation.
 pub(super) struct InPlace {
     pub(super) view: TensorView<'static>,
     pub(super) ready: Option<i64>,
@@ -46,6 +46,14 @@ pub(super) unsafe fn in_place(source: &Bound<'_, PyAny>, requested: Option<i64>,
             let writability = if read_only { Writability::ReadOnly } else { Writability::Writable };
             InPlace { view, ready: None, writability, copied: false }
         }));
+    }
+    if let Some(described) = describe_package_tensor(source, requested)? {
+        let PackageTensor { tensor, writability, copied, padded, ready } = described;
+        // SAFETY: the package describes its own tensor's memory, which
+        // `source` keeps alive (forwarded from the caller).
+        if let Ok(view) = unsafe { TensorView::from_dltensor(&tensor, padded) } {
+            return Ok(Some(InPlace { view, ready, writability, copied }));
+        }
     }
     if fill {
         if let Some(table) = exchange::lookup(source) {

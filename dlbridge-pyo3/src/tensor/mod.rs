@@ -32,7 +32,7 @@ pub use exchange_table::EXCHANGE_API;
 #[cfg(feature = "testing")]
 pub(crate) use exchange_table::CALLS;
 pub use object::TensorObject;
-pub(crate) use package::{import as import_package, publish};
+pub(crate) use package::{describe_package_tensor, import as import_package, publish, PackageTensor};
 pub(crate) use pickle::_rebuild_tensor;
 
 use crate::any_owned::AnyOwned;

@@ -8,11 +8,15 @@
 //! publishes its array API to rust-numpy; other extensions hand what they
 //! return to it. Without the package (or with one of an incompatible ABI), an
 //! extension's tensors are instances of its own class, which works
-//! everywhere DLPack does.
+//! everywhere DLPack does. The table also describes a package tensor in place
+//! (memory, writability, readiness), so that another extension's arguments
+//! read and write it without an export.
 
 use core::ffi::CStr;
 
-use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned};
+use core::ffi::c_int;
+
+use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 use dlbridge::{Owned, OwnedLegacyTensor, OwnedTensor};
 use pyo3::exceptions::{PyImportError, PySystemError};
 use pyo3::prelude::*;
@@ -46,6 +50,23 @@ struct Handover {
     origin: *mut ffi::PyObject,
 }
 
+/// A package tensor as another extension's argument sees it, in place.
+#[repr(C)]
+struct Described {
+    /// Non-owning: data, shape and strides valid while the object lives.
+    tensor: DLTensor,
+    /// 0 writable, 1 read-only, 2 unknown.
+    writability: u8,
+    /// Whether the producer handed over a copy (IS_COPIED).
+    copied: u8,
+    /// Whether sub-byte elements are padded to a byte each.
+    padded: u8,
+    /// Whether `ready` holds a stream value.
+    has_ready: u8,
+    /// The stream the data is ready on for the stream asked for.
+    ready: i64,
+}
+
 /// The published table. Fields are only appended; `size` says how many a publisher filled.
 #[repr(C)]
 struct TensorApi {
@@ -55,9 +76,16 @@ struct TensorApi {
     /// returns a new `dlbridge.Tensor`, or NULL with an exception set. The
     /// caller holds the GIL.
     adopt: unsafe extern "C" fn(handover: *mut Handover) -> *mut ffi::PyObject,
+    /// Fills `*out` for `obj` if it is a package tensor and returns 0; 1 if it
+    /// is not one; -1 with an exception set. `requested` (when `has_requested`)
+    /// is the stream the caller will use. The caller holds the GIL.
+    describe: unsafe extern "C" fn(obj: *mut ffi::PyObject, has_requested: u8, requested: i64, out: *mut Described) -> c_int,
 }
 
-static OWN: TensorApi = TensorApi { abi_major: ABI_MAJOR, size: core::mem::size_of::<TensorApi>() as u32, adopt };
+/// The size of a table with `adopt` and nothing after it.
+const ADOPT_ONLY: usize = core::mem::offset_of!(TensorApi, describe);
+
+static OWN: TensorApi = TensorApi { abi_major: ABI_MAJOR, size: core::mem::size_of::<TensorApi>() as u32, adopt, describe };
 
 /// Publishes this module's class as the one `dlbridge.Tensor` (the package's
 /// `_native` module calls this from `register`).
@@ -82,7 +110,7 @@ fn package_api(py: Python<'_>) -> Option<&'static TensorApi> {
             // SAFETY: a valid capsule of this name holds a table that lives as
             // long as the process (extension modules are never unloaded).
             let table = unsafe { &*ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE.as_ptr()).cast::<TensorApi>() };
-            let usable = table.abi_major == ABI_MAJOR && table.size as usize >= core::mem::size_of::<TensorApi>();
+            let usable = table.abi_major == ABI_MAJOR && table.size as usize >= ADOPT_ONLY;
             Ok((usable && !core::ptr::eq(table, &OWN)).then_some(table))
         })();
         found.unwrap_or_else(|err| {
@@ -145,11 +173,7 @@ fn hand_over<'py>(py: Python<'py>, api: &TensorApi, tensor: Tensor) -> PyResult<
     let mut handover = Handover {
         versioned,
         legacy,
-        writability: match writability {
-            Writability::Writable => 0,
-            Writability::ReadOnly => 1,
-            Writability::Unknown => 2,
-        },
+        writability: writability_code(writability),
         has_ready: u8::from(ready.is_some()),
         ready: ready.unwrap_or(0),
         origin: origin.map_or(core::ptr::null_mut(), Py::into_ptr),
@@ -188,12 +212,92 @@ fn adopted(py: Python<'_>, h: Handover) -> PyResult<Bound<'_, PyAny>> {
         // SAFETY: as above, versioned.
         AnyOwned::Versioned(unsafe { Owned::<DLManagedTensorVersioned>::from_raw(h.versioned) }.py()?)
     };
-    let writability = match h.writability {
-        0 => Writability::Writable,
-        1 => Writability::ReadOnly,
-        _ => Writability::Unknown,
-    };
+    let writability = writability_of(h.writability);
     let mut tensor = Tensor::with_writability(owned, writability).ready_on(if h.has_ready != 0 { Some(h.ready) } else { None })?;
     tensor.origin = origin;
     Ok(Bound::new(py, TensorObject(tensor))?.into_any())
+}
+
+/// A tensor of the package's class, as another extension sees it in place.
+pub(crate) struct PackageTensor {
+    /// Non-owning: valid while the object lives.
+    pub(crate) tensor: DLTensor,
+    pub(crate) writability: Writability,
+    /// IS_COPIED.
+    pub(crate) copied: bool,
+    /// Sub-byte elements padded to a byte each.
+    pub(crate) padded: bool,
+    /// The stream the data is ready on for the one asked for.
+    pub(crate) ready: Option<i64>,
+}
+
+/// `obj` described in place if it is a tensor of the package's class; `None`
+/// for anything else, or without the package.
+pub(crate) fn describe_package_tensor(obj: &Bound<'_, PyAny>, requested: Option<i64>) -> PyResult<Option<PackageTensor>> {
+    let py = obj.py();
+    let Some(api) = package_api(py).filter(|api| api.size as usize >= core::mem::size_of::<TensorApi>()) else { return Ok(None) };
+    let mut out = core::mem::MaybeUninit::<Described>::uninit();
+    // SAFETY: the package's function, with a live object, a writable out
+    // struct and the GIL held.
+    match unsafe { (api.describe)(obj.as_ptr(), u8::from(requested.is_some()), requested.unwrap_or(0), out.as_mut_ptr()) } {
+        0 => {}
+        1 => return Ok(None),
+        _ => return Err(PyErr::fetch(py)),
+    }
+    // SAFETY: filled on success.
+    let d = unsafe { out.assume_init() };
+    let ready = (d.has_ready != 0).then_some(d.ready);
+    Ok(Some(PackageTensor { tensor: d.tensor, writability: writability_of(d.writability), copied: d.copied != 0, padded: d.padded != 0, ready }))
+}
+
+fn writability_of(code: u8) -> Writability {
+    match code {
+        0 => Writability::Writable,
+        1 => Writability::ReadOnly,
+        _ => Writability::Unknown,
+    }
+}
+
+fn writability_code(writability: Writability) -> u8 {
+    match writability {
+        Writability::Writable => 0,
+        Writability::ReadOnly => 1,
+        Writability::Unknown => 2,
+    }
+}
+
+unsafe extern "C" fn describe(obj: *mut ffi::PyObject, has_requested: u8, requested: i64, out: *mut Described) -> c_int {
+    // SAFETY: the caller holds the GIL (the table's contract) for this call.
+    let py = unsafe { Python::assume_attached() };
+    let described = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> PyResult<Option<Described>> {
+        // SAFETY: a live object, borrowed for the call.
+        let obj = unsafe { pyo3::Borrowed::from_ptr(py, obj) };
+        let Ok(tensor) = obj.cast_exact::<TensorObject>() else { return Ok(None) };
+        let tensor = tensor.get();
+        let ready = tensor.stream_for((has_requested != 0).then_some(requested))?;
+        Ok(Some(Described {
+            tensor: tensor.borrowed_dltensor(),
+            writability: writability_code(tensor.writability()),
+            copied: u8::from(tensor.owned().is_copied()),
+            padded: u8::from(tensor.view().is_subbyte_padded()),
+            has_ready: u8::from(ready.is_some()),
+            ready: ready.unwrap_or(0),
+        }))
+    }));
+    match described {
+        Ok(Ok(Some(d))) => {
+            // SAFETY: the caller's writable out struct.
+            unsafe { out.write(d) };
+            0
+        }
+        Ok(Ok(None)) => 1,
+        Ok(Err(err)) => {
+            err.restore(py);
+            -1
+        }
+        Err(_) => {
+            PySystemError::new_err("dlbridge panicked while describing a tensor to another extension").restore(py);
+            -1
+        }
+    }
 }

@@ -114,3 +114,30 @@ def test_reads_and_returns():
     t = scale_inplace.arange(4)
     assert np.from_dlpack(t).tolist() == [0, 1, 2, 3]
     assert torch.from_dlpack(t).sum().item() == 6
+
+
+def test_a_dlbridge_tensor_is_read_and_written_in_place_with_its_refusals():
+    """Another extension's arguments take a dlbridge.Tensor as the package describes it (memory,
+    writability, readiness): no export through the exchange table or __dlpack__, and the tensor's
+    own writability decides, as it would through an export."""
+    from dlbridge import _native
+
+    base = np.arange(4, dtype=np.float32)
+    t = dlbridge.from_dlpack(base)
+    before = dict(_native._exchange_api_calls())
+    assert scale_inplace.total(t) == 6.0
+    scale_inplace.scale(t, 2.0)
+    assert base.tolist() == [0, 2, 4, 6]
+    assert dict(_native._exchange_api_calls()) == before, "exported instead of described"
+
+    ro = np.ones(2, dtype=np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(BufferError, match="read-only; pass a writable copy"):
+        scale_inplace.scale(dlbridge.from_dlpack(ro), 2.0)
+    from dlpack_ctypes import FakeProducer
+
+    producer = FakeProducer((1.0, 1.0), shape=(2,), versioned=False)
+    legacy = dlbridge.from_dlpack(producer.capsule())
+    with pytest.raises(BufferError, match="legacy DLPack capsule"):
+        scale_inplace.scale(legacy, 2.0)
+    assert scale_inplace.total(legacy) == 2.0
