@@ -35,9 +35,11 @@ def package_name(pkg_id):
 
 
 def unit_key(unit):
-    profile = unit["profile"]
+    """What makes cargo compile a unit again: its package, target, mode, platform, features and the
+    whole profile (but its name: `test` and `dev` units with the same settings are one)."""
+    profile = {k: v for k, v in unit["profile"].items() if k != "name"}
     return (unit["pkg_id"], unit["target"]["name"], unit["mode"], unit["platform"],
-            tuple(unit["features"]), profile["opt_level"], profile["debuginfo"], profile["panic"])
+            tuple(unit["features"]), profile.get("opt_level"), profile.get("debuginfo"), json.dumps(profile, sort_keys=True))
 
 
 def heavy_units(units):
@@ -64,19 +66,30 @@ def examples():
         yield manifest["package"]["name"], features
 
 
+def report(build, reference, found):
+    for key in found:
+        print(f"compile_once: {build} compiles {key[0].rsplit('#', 1)[-1]} ({key[1]}, {key[2]}) "
+              f"with features {list(key[4])}, opt-level {key[5]}, debuginfo {key[6]}, which {reference} "
+              f"does not: add what differs to tests/workspace-unify")
+    return bool(found)
+
+
 def main():
+    # Full builds: `./dev test`'s cargo test, then each example's maturin develop.
     workspace = unit_graph("test", "--workspace", "--all-features", "--no-run")
     failed = False
     for name, features in examples():
         args = ["rustc", "-p", name, "--lib"] + (["--features", ",".join(features)] if features else [])
-        for key in differences(workspace, unit_graph(*args)):
-            failed = True
-            print(f"compile_once: {name}'s own build compiles {key[0].rsplit('#', 1)[-1]} ({key[1]}, {key[2]}) "
-                  f"with features {list(key[4])}, opt-level {key[5]}, debuginfo {key[6]}, which "
-                  f"`cargo test --workspace --all-features` does not: add what differs to "
-                  f"tests/workspace-unify and make the example depend on it")
+        failed |= report(f"{name}'s own build", "`cargo test --workspace --all-features`",
+                         differences(workspace, unit_graph(*args)))
+    # Metadata-only builds: clippy's check build, then rustdoc's (`./dev doc`).
+    checked = unit_graph("check", "--workspace", "--all-targets", "--all-features")
+    documented = unit_graph("doc", "--no-deps", "-p", "dlbridge", "-p", "dlbridge-pyo3", "-p", "workspace-unify",
+                            "--all-features")
+    failed |= report("`./dev doc`", "clippy's check build", differences(checked, documented))
     if not failed:
-        print(f"compile_once: each example builds {', '.join(HEAVY)} with the units the workspace test build compiled")
+        print(f"compile_once: {', '.join(HEAVY)} is compiled once and checked once: each example's build and "
+              f"rustdoc reuse the units of `cargo test` and of clippy")
     return 1 if failed else 0
 
 

@@ -25,8 +25,10 @@ def outcome(action):
 
 
 def test_the_registry_is_published_once_for_the_process():
-    assert "_dlbridge_borrows" in sys.modules
-    assert type(sys.modules["_dlbridge_borrows"].api).__name__ == "PyCapsule"
+    # Under a name of its ABI major: a table of another major, published first, would otherwise
+    # leave each extension of this one with a registry of its own.
+    assert "_dlbridge_borrows_2" in sys.modules
+    assert type(sys.modules["_dlbridge_borrows_2"].api).__name__ == "PyCapsule"
 
 
 def test_another_extension_cannot_write_what_this_one_reads():
@@ -68,7 +70,7 @@ def test_dlbridge_host_readers_wait_behind_a_writer(name):
 def test_an_incompatible_published_registry_is_not_used():
     code = (
         "import sys, types\n"
-        "m = types.ModuleType('_dlbridge_borrows'); m.api = object(); sys.modules['_dlbridge_borrows'] = m\n"
+        "m = types.ModuleType('_dlbridge_borrows_2'); m.api = object(); sys.modules['_dlbridge_borrows_2'] = m\n"
         "import numpy as np, dlbridge\n"
         "from dlbridge import _native\n"
         "a = np.zeros(4, np.uint8)\n"

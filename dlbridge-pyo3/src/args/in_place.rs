@@ -36,8 +36,8 @@ pub(super) unsafe fn in_place(source: &Bound<'_, PyAny>, requested: Option<i64>,
         // SAFETY: a Tensor never changes, and `source` keeps it and its memory
         // alive (forwarded from the caller); typed reads wait for the caller's borrow.
         let view = unsafe { core::mem::transmute::<TensorView<'_>, TensorView<'static>>(tensor.view().assume_unaliased()) };
-        let (writability, copied) = (tensor.writability(), tensor.owned().is_copied());
-        return Ok(Some(InPlace { view, ready, writability, copied }));
+        // IS_COPIED says how the tensor was made; writes to it are seen by all who hold it.
+        return Ok(Some(InPlace { view, ready, writability: tensor.writability(), copied: false }));
     }
     if is_exact_ndarray(source) {
         // SAFETY: an exact ndarray, just checked; the rest is forwarded from the caller.

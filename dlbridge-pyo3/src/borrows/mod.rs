@@ -32,9 +32,10 @@ pub(crate) fn prepare() {
 }
 
 /// A live borrow in the registry; released when dropped. It holds a
-/// `Python<'py>` token, so it is dropped where the GIL is held (the
-/// registry's lock): a value bound to `'py` cannot leave the thread, nor
-/// enter `Python::detach`, which needs `Send`.
+/// `Python<'py>` marker, which is not `Send`, so it is dropped where the GIL
+/// is held (the registry's lock): it cannot move to another thread, nor into
+/// `Python::detach`, whose closure must be `Send`; and `'py` ends before the
+/// GIL is released for good.
 #[derive(Debug)]
 pub(crate) struct Borrow<'py> {
     id: u64,
@@ -51,21 +52,18 @@ impl Drop for Borrow<'_> {
     }
 }
 
-/// Whether the interpreter runs with the GIL, the registry's lock. A
-/// free-threaded CPython turns it back on when it imports an extension built
-/// with PyO3's defaults, unless told not to (`PYTHON_GIL=0`).
-fn gil_enabled(py: Python<'_>) -> bool {
-    static ENABLED: pyo3::sync::PyOnceLock<bool> = pyo3::sync::PyOnceLock::new();
-    *ENABLED.get_or_init(py, || {
-        let ask = || -> PyResult<bool> {
-            let sys = py.import("sys")?;
-            match sys.getattr("_is_gil_enabled") {
-                Ok(is_enabled) => is_enabled.call0()?.extract(),
-                Err(_) => Ok(true), // before 3.13: always
-            }
-        };
-        ask().unwrap_or(false)
-    })
+/// Whether this interpreter has a GIL, the registry's lock: not a
+/// free-threaded build, where the GIL can be switched off (`PYTHON_GIL=0`)
+/// and back at any import. A build property, asked once; an error is not
+/// remembered.
+fn gil_build(py: Python<'_>) -> PyResult<bool> {
+    static HAS_GIL: pyo3::sync::PyOnceLock<bool> = pyo3::sync::PyOnceLock::new();
+    HAS_GIL
+        .get_or_try_init(py, || {
+            let disabled = py.import("sysconfig")?.call_method1("get_config_var", ("Py_GIL_DISABLED",))?;
+            Ok::<_, PyErr>(!disabled.is_truthy()?)
+        })
+        .copied()
 }
 
 /// The address space a view's bytes live in, as one number: all CPU-reachable
@@ -83,10 +81,10 @@ pub(crate) fn acquire<'py>(py: Python<'py>, view: &TensorView<'_>, exclusive: bo
     if bytes.is_empty() {
         return Ok(Borrow { id: 0, _gil: PhantomData });
     }
-    if !gil_enabled(py) {
+    if !gil_build(py)? {
         return Err(PyBufferError::new_err(
-            "dlbridge-pyo3 borrows tensors under Python's GIL, which this interpreter runs without \
-             (PYTHON_GIL=0); run it with the GIL",
+            "dlbridge-pyo3 borrows tensors under Python's GIL, and this free-threaded interpreter may run \
+             without it; use a CPython build with the GIL",
         ));
     }
     let mut conflict = Conflict::default();
@@ -134,7 +132,7 @@ pub(crate) fn acquire<'py>(py: Python<'py>, view: &TensorView<'_>, exclusive: bo
 /// elsewhere, where it would be dropped without the registry's lock (its
 /// view can: `let view = guard.view();` crosses threads).
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// use dlbridge_pyo3::AnyOwned;
 /// use pyo3::Python;
 ///

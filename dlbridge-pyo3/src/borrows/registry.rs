@@ -18,13 +18,15 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyModule;
 
-/// The `sys.modules` entry that carries the shared table.
-const MODULE: &CStr = c"_dlbridge_borrows";
+/// The `sys.modules` entry that carries the shared table: one per ABI major,
+/// so that a table of another major, published first, cannot keep the
+/// extensions of this one apart.
+const MODULE: &CStr = c"_dlbridge_borrows_2";
 /// The capsule's name, which is also its attribute in [`MODULE`].
-const CAPSULE: &CStr = c"_dlbridge_borrows.api";
+const CAPSULE: &CStr = c"_dlbridge_borrows_2.api";
 /// Changed only when a field's meaning changes; new fields are appended and counted by `size`.
 /// (2: the functions are called with the GIL held, which is their lock.)
-const ABI_MAJOR: u32 = 2;
+const ABI_MAJOR: u32 = 2; // also in MODULE and CAPSULE
 
 /// A live borrow that a new one conflicts with.
 #[repr(C)]
@@ -73,7 +75,7 @@ struct Entry {
 /// hold a `Python` token instead, see `Borrow`.)
 struct Live(UnsafeCell<(Vec<Entry>, u64)>);
 
-// SAFETY: `state` is reached only from the table's functions, whose callers
+// SAFETY: the cell is reached only from the table's functions, whose callers
 // hold the GIL, which one thread holds at a time.
 unsafe impl Sync for Live {}
 
@@ -168,14 +170,14 @@ fn find_api() -> &'static RegistryApi {
 /// cannot be used or holds a table this version does not speak.
 fn shared(py: Python<'_>) -> Option<&'static RegistryApi> {
     let result = (|| -> PyResult<Option<&'static RegistryApi>> {
-        let module = PyModule::new(py, MODULE.to_str().unwrap_or("_dlbridge_borrows"))?;
+        let module = PyModule::new(py, MODULE.to_str().unwrap_or("_dlbridge_borrows_2"))?;
         let own = core::ptr::addr_of!(OWN).cast_mut().cast();
         // SAFETY: a static table outlives the capsule; no destructor is needed.
         let capsule = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyCapsule_New(own, CAPSULE.as_ptr(), None))? };
         module.setattr("api", capsule)?;
         let modules = py.import("sys")?.getattr("modules")?;
         // setdefault is atomic: of two extensions publishing at once, one wins.
-        let published = modules.call_method1("setdefault", (MODULE.to_str().unwrap_or("_dlbridge_borrows"), module))?;
+        let published = modules.call_method1("setdefault", (MODULE.to_str().unwrap_or("_dlbridge_borrows_2"), module))?;
         let capsule = published.getattr("api")?;
         // SAFETY: a name check on a live object; IsValid never raises.
         if unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), CAPSULE.as_ptr()) } != 1 {

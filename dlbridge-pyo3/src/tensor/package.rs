@@ -278,7 +278,8 @@ unsafe extern "C" fn describe(obj: *mut ffi::PyObject, has_requested: u8, reques
         Ok(Some(Described {
             tensor: tensor.borrowed_dltensor(),
             writability: writability_code(tensor.writability()),
-            copied: u8::from(tensor.owned().is_copied()),
+            // IS_COPIED says how the tensor was made; writes to it are seen by all who hold it.
+            copied: 0,
             padded: u8::from(tensor.view().is_subbyte_padded()),
             has_ready: u8::from(ready.is_some()),
             ready: ready.unwrap_or(0),

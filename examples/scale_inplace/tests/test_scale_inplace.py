@@ -141,3 +141,18 @@ def test_a_dlbridge_tensor_is_read_and_written_in_place_with_its_refusals():
     with pytest.raises(BufferError, match="legacy DLPack capsule"):
         scale_inplace.scale(legacy, 2.0)
     assert scale_inplace.total(legacy) == 2.0
+
+
+def test_a_tensor_made_by_copying_is_still_written_in_place():
+    """IS_COPIED says how a tensor was made, not that writes to it are lost: a dlbridge.Tensor owns
+    what it was copied into, and every holder sees the writes (in another extension, and in the
+    package's own)."""
+    from dlbridge import _native
+
+    t = dlbridge.from_dlpack(np.ones(3, dtype=np.float32), copy=True)
+    assert t.is_copied
+    scale_inplace.scale(t, 2.0)
+    assert t.tolist() == [2.0, 2.0, 2.0]
+    u = dlbridge.from_dlpack(np.zeros(2, np.uint8), copy=True)
+    _native._read_then_write(np.zeros(1, np.uint8), u)  # the package's own class, in place
+    assert u.is_copied and u.tolist() == [1, 1]
