@@ -74,6 +74,9 @@ impl ReadyCell {
     /// pending there, or `None` for no pending work. Waiting for the event
     /// needs no host synchronisation (see `dlbridge::cuda::order_streams`).
     pub(crate) fn stream_for(&self, consumer: Option<i64>) -> PyResult<Option<i64>> {
+        if self.device.device_type == DeviceType::CPU {
+            return Ok(None); // never pending: no lock on the host's hot paths
+        }
         match self.get() {
             Ready::Idle => Ok(None),
             Ready::Legacy => Ok(Some(1)),
@@ -88,6 +91,20 @@ impl ReadyCell {
                 Ok(Some(target))
             }
         }
+    }
+
+    /// The stream a consumer that names none works on (an extension argument,
+    /// the exchange table's fill): the data's stream, and for idle CUDA
+    /// memory the legacy default, which then becomes the data's stream, so
+    /// that the tensor's later exports wait for the work queued there.
+    pub(crate) fn lend(&self) -> PyResult<Option<i64>> {
+        if matches!(self.device.device_type, DeviceType::CUDA | DeviceType::CUDA_MANAGED) {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if matches!(*state, Ready::Idle) {
+                *state = Ready::Legacy;
+            }
+        }
+        self.stream_for(None)
     }
 
     /// Blocks until the pending work is done, for CUDA managed memory that

@@ -175,3 +175,20 @@ def test_torch_consumes_what_our_table_produces():
     y = torch.from_dlpack(t)
     y += 7
     assert t.tolist() == [7, 7, 7, 7] and y.dtype == torch.int64
+
+
+def test_the_non_owning_fill_refuses_padded_sub_byte_elements():
+    """A bare DLTensor has no flags: a consumer of our fill would read one-per-byte float4 values as
+    packed (wrong values). The fill refuses them with BufferError; the owning export says so."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    api = table(dlbridge.Tensor)
+    t = dlbridge.from_dlpack(np.zeros(4, dtype=ml_dtypes.float4_e2m1fn))
+    assert t.nbytes == 4, "padded: one value per byte"
+    dl = DLTensor()
+    with pytest.raises(BufferError, match="padded sub-byte"):
+        DLTENSOR_FROM_PY(api.dltensor_from_py_object_no_sync)(t, ctypes.byref(dl))
+    out = ctypes.c_void_p()
+    assert FROM_PY(api.managed_tensor_from_py_object_no_sync)(t, ctypes.byref(out)) == 0
+    exported = DLManagedTensorVersioned.from_address(out.value)
+    assert exported.flags & (1 << 2), "IS_SUBBYTE_TYPE_PADDED"
+    exported.deleter(out.value)

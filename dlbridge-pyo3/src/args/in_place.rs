@@ -18,8 +18,6 @@ pub(super) struct InPlace {
     pub(super) ready: Option<i64>,
     /// What the producer said of writes (a fill says nothing: Unknown).
     pub(super) writability: Writability,
-    /// Whether the producer handed over a copy (IS_COPIED).
-    pub(super) copied: bool,
 }
 
 /// `source`'s memory in place, if it can be read so; `None` leaves it to the
@@ -32,27 +30,26 @@ pub(super) struct InPlace {
 pub(super) unsafe fn in_place(source: &Bound<'_, PyAny>, requested: Option<i64>, fill: bool) -> PyResult<Option<InPlace>> {
     if let Ok(tensor) = source.cast_exact::<TensorObject>() {
         let tensor = tensor.get();
-        let ready = tensor.stream_for(requested)?;
+        let ready = tensor.lend_stream(requested)?;
         // SAFETY: a Tensor never changes, and `source` keeps it and its memory
         // alive (forwarded from the caller); typed reads wait for the caller's borrow.
         let view = unsafe { core::mem::transmute::<TensorView<'_>, TensorView<'static>>(tensor.view().assume_unaliased()) };
-        // IS_COPIED says how the tensor was made; writes to it are seen by all who hold it.
-        return Ok(Some(InPlace { view, ready, writability: tensor.writability(), copied: false }));
+        return Ok(Some(InPlace { view, ready, writability: tensor.writability() }));
     }
     if is_exact_ndarray(source) {
         // SAFETY: an exact ndarray, just checked; the rest is forwarded from the caller.
         let view = unsafe { numpy_view_exact(source) }?;
         return Ok(view.map(|(view, read_only)| {
             let writability = if read_only { Writability::ReadOnly } else { Writability::Writable };
-            InPlace { view, ready: None, writability, copied: false }
+            InPlace { view, ready: None, writability }
         }));
     }
     if let Some(described) = describe_package_tensor(source, requested)? {
-        let PackageTensor { tensor, writability, copied, padded, ready } = described;
+        let PackageTensor { tensor, writability, padded, ready } = described;
         // SAFETY: the package describes its own tensor's memory, which
         // `source` keeps alive (forwarded from the caller).
         if let Ok(view) = unsafe { TensorView::from_dltensor(&tensor, padded) } {
-            return Ok(Some(InPlace { view, ready, writability, copied }));
+            return Ok(Some(InPlace { view, ready, writability }));
         }
     }
     if fill {
@@ -61,7 +58,7 @@ pub(super) unsafe fn in_place(source: &Bound<'_, PyAny>, requested: Option<i64>,
                 // SAFETY: the fill describes `source`'s memory (forwarded from the
                 // caller); one that does not validate is left for the owned import.
                 if let Ok(view) = unsafe { TensorView::from_dltensor(&dl, false) } {
-                    return Ok(Some(InPlace { view, ready, writability: Writability::Unknown, copied: false }));
+                    return Ok(Some(InPlace { view, ready, writability: Writability::Unknown }));
                 }
             }
         }

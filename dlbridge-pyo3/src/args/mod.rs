@@ -146,8 +146,7 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
     }
 
     fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<Stream>) -> PyResult<Self> {
-        crate::borrows::prepare();
-        crate::gil::release_in_driver_calls();
+        prepare(obj.py());
         let source = obj.clone();
         let requested = stream.map(Stream::value);
         // SAFETY: the view reads the source's memory, which `source` keeps
@@ -258,18 +257,18 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
     }
 
     fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<Stream>) -> PyResult<Self> {
-        crate::borrows::prepare();
-        crate::gil::release_in_driver_calls();
+        prepare(obj.py());
         let source = obj.clone();
         // A NumPy array or a dlbridge Tensor is written in place (host memory,
         // or a Tensor's own: no stream to settle unless asked for one).
         if stream.is_none() {
             // SAFETY: the view reads the source's memory, which `source` keeps
             // alive for as long as this PyTensorMut; the view never outlives it.
-            if let Some(InPlace { view, ready, writability, copied }) = unsafe { in_place(&source, None, false) }? {
+            if let Some(InPlace { view, ready, writability }) = unsafe { in_place(&source, None, false) }? {
                 check_kind::<T, D, Dev, L>(&view, &source)?;
                 wait_for_argument(view.device(), ready, None)?;
-                let refusal = write_refusal(writability, copied, &view);
+                // A Tensor's IS_COPIED says how it was made: writes to it reach all who hold it.
+                let refusal = write_refusal(writability, false, &view);
                 return Self::writable_under_borrow(view, None, source, ready, refusal);
             }
         }
@@ -301,6 +300,15 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
         T::check_elements(&view).map_err(|err| element_error::<T, D, Dev, L>(&view, &source, err))?;
         Ok(PyTensorMut { view, _owned: owned, source, ready, _borrow: borrow, _kind: PhantomData })
     }
+}
+
+/// Runs now whatever Python code extraction could need (finding the borrow
+/// registry and the package's table, asking about the GIL), before any
+/// argument's pointers are taken.
+fn prepare(py: Python<'_>) {
+    crate::borrows::prepare_for_arguments(py);
+    crate::tensor::prepare_package_api(py);
+    crate::gil::release_in_driver_calls();
 }
 
 /// Why memory with this writability, provenance and layout may not be

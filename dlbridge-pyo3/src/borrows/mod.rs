@@ -31,6 +31,15 @@ pub(crate) fn prepare() {
     let _ = api();
 }
 
+/// [`prepare`], and what a borrow asks of the interpreter, before any
+/// argument's pointers are taken.
+pub(crate) fn prepare_for_arguments(py: Python<'_>) {
+    prepare();
+    if let Err(err) = gil_build(py) {
+        drop(err); // asked again, and raised, at the borrow
+    }
+}
+
 /// A live borrow in the registry; released when dropped. It holds a
 /// `Python<'py>` marker, which is not `Send`, so it is dropped where the GIL
 /// is held (the registry's lock): it cannot move to another thread, nor into

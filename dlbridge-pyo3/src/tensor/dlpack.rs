@@ -154,9 +154,9 @@ impl Tensor {
     /// since they hand out data that `current_work_stream` says is ready on
     /// that stream. Then the legacy stream is the data's stream, so that work a
     /// consumer queues there later (an in-place kernel) is ordered before the
-    /// next export too. Nothing for memory without streams, or with no pending work.
+    /// next export too (idle CUDA memory included). Nothing for memory without streams.
     pub(crate) fn order_default_stream(&self) -> PyResult<()> {
-        self.stream_for(None).map(drop)
+        self.lend_stream(None).map(drop)
     }
 
     /// A non-owning DLTensor of this tensor's memory, shape and strides, valid

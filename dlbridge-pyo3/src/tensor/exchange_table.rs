@@ -16,7 +16,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use dlbridge::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI, DLPackExchangeAPIHeader, DLPackSetError, DLPackVersion, DLTensor};
 use dlbridge::{Device, DeviceType, OwnedTensor, MAX_NDIM};
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::{ffi, Borrowed};
 
@@ -170,6 +170,11 @@ unsafe extern "C" fn dltensor_from_py_object(object: *mut c_void, out: *mut DLTe
         let tensor = our_tensor(py, object)?;
         if out.is_null() {
             return Err(PyValueError::new_err("NULL out pointer"));
+        }
+        if tensor.get().view().is_subbyte_padded() {
+            // A bare DLTensor cannot say its elements are padded: the caller would
+            // read them as packed. Refused, so that it asks for a versioned export.
+            return Err(PyBufferError::new_err("a padded sub-byte tensor needs a versioned DLPack tensor to say so"));
         }
         tensor.get().order_default_stream()?;
         // SAFETY: `out` is non-NULL and writable. Its pointers stay valid while the

@@ -32,7 +32,7 @@ pub use exchange_table::EXCHANGE_API;
 #[cfg(feature = "testing")]
 pub(crate) use exchange_table::CALLS;
 pub use object::TensorObject;
-pub(crate) use package::{describe_package_tensor, import as import_package, publish, PackageTensor};
+pub(crate) use package::{describe_package_tensor, import as import_package, prepare_package_api, publish, PackageTensor};
 pub(crate) use pickle::_rebuild_tensor;
 
 use crate::any_owned::AnyOwned;
@@ -141,6 +141,17 @@ impl Tensor {
     /// the legacy default), valid for this call.
     pub(crate) fn stream_for(&self, consumer: Option<i64>) -> PyResult<Option<i64>> {
         self.ready.stream_for(consumer)
+    }
+
+    /// [`stream_for`](Self::stream_for) for a consumer that may work on the
+    /// stream it is given (an extension argument, the exchange table): one
+    /// that names none gets the data's stream, the legacy default for idle
+    /// CUDA memory, which the tensor keeps as its data's stream from then on.
+    pub(crate) fn lend_stream(&self, consumer: Option<i64>) -> PyResult<Option<i64>> {
+        match consumer {
+            None => self.ready.lend(),
+            Some(_) => self.ready.stream_for(consumer),
+        }
     }
 
     /// What the producer said about writes.

@@ -57,8 +57,6 @@ struct Described {
     tensor: DLTensor,
     /// 0 writable, 1 read-only, 2 unknown.
     writability: u8,
-    /// Whether the producer handed over a copy (IS_COPIED).
-    copied: u8,
     /// Whether sub-byte elements are padded to a byte each.
     padded: u8,
     /// Whether `ready` holds a stream value.
@@ -82,9 +80,6 @@ struct TensorApi {
     describe: unsafe extern "C" fn(obj: *mut ffi::PyObject, has_requested: u8, requested: i64, out: *mut Described) -> c_int,
 }
 
-/// The size of a table with `adopt` and nothing after it.
-const ADOPT_ONLY: usize = core::mem::offset_of!(TensorApi, describe);
-
 static OWN: TensorApi = TensorApi { abi_major: ABI_MAJOR, size: core::mem::size_of::<TensorApi>() as u32, adopt, describe };
 
 /// Publishes this module's class as the one `dlbridge.Tensor` (the package's
@@ -94,6 +89,12 @@ pub(crate) fn publish(module: &Bound<'_, PyModule>) -> PyResult<()> {
     // SAFETY: a static table outlives the capsule; no destructor is needed.
     let capsule = unsafe { Bound::from_owned_ptr_or_err(module.py(), ffi::PyCapsule_New(own, CAPSULE.as_ptr(), None))? };
     module.add("_TENSOR_API", capsule)
+}
+
+/// Looks the package's table up now (an import, the first time), before an
+/// argument's pointers are taken.
+pub(crate) fn prepare_package_api(py: Python<'_>) {
+    let _ = package_api(py);
 }
 
 /// The package's table, if the package is installed, speaks this ABI, and is
@@ -107,11 +108,18 @@ fn package_api(py: Python<'_>) -> Option<&'static TensorApi> {
             if unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), CAPSULE.as_ptr()) } != 1 {
                 return Ok(None);
             }
+            // SAFETY: a capsule of this name, just checked; no exception is possible.
+            let table = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE.as_ptr()).cast::<TensorApi>() };
             // SAFETY: a valid capsule of this name holds a table that lives as
-            // long as the process (extension modules are never unloaded).
-            let table = unsafe { &*ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE.as_ptr()).cast::<TensorApi>() };
-            let usable = table.abi_major == ABI_MAJOR && table.size as usize >= ADOPT_ONLY;
-            Ok((usable && !core::ptr::eq(table, &OWN)).then_some(table))
+            // long as the process (extension modules are never unloaded) and
+            // starts with its major and size, read before anything larger.
+            let [major, size] = unsafe { table.cast::<[u32; 2]>().read() };
+            if major != ABI_MAJOR || (size as usize) < core::mem::size_of::<TensorApi>() {
+                return Ok(None);
+            }
+            // SAFETY: as above; the table has every field this version reads.
+            let table = unsafe { &*table };
+            Ok((!core::ptr::eq(table, &OWN)).then_some(table))
         })();
         found.unwrap_or_else(|err| {
             drop(err);
@@ -223,8 +231,6 @@ pub(crate) struct PackageTensor {
     /// Non-owning: valid while the object lives.
     pub(crate) tensor: DLTensor,
     pub(crate) writability: Writability,
-    /// IS_COPIED.
-    pub(crate) copied: bool,
     /// Sub-byte elements padded to a byte each.
     pub(crate) padded: bool,
     /// The stream the data is ready on for the one asked for.
@@ -235,7 +241,7 @@ pub(crate) struct PackageTensor {
 /// for anything else, or without the package.
 pub(crate) fn describe_package_tensor(obj: &Bound<'_, PyAny>, requested: Option<i64>) -> PyResult<Option<PackageTensor>> {
     let py = obj.py();
-    let Some(api) = package_api(py).filter(|api| api.size as usize >= core::mem::size_of::<TensorApi>()) else { return Ok(None) };
+    let Some(api) = package_api(py) else { return Ok(None) };
     let mut out = core::mem::MaybeUninit::<Described>::uninit();
     // SAFETY: the package's function, with a live object, a writable out
     // struct and the GIL held.
@@ -247,7 +253,7 @@ pub(crate) fn describe_package_tensor(obj: &Bound<'_, PyAny>, requested: Option<
     // SAFETY: filled on success.
     let d = unsafe { out.assume_init() };
     let ready = (d.has_ready != 0).then_some(d.ready);
-    Ok(Some(PackageTensor { tensor: d.tensor, writability: writability_of(d.writability), copied: d.copied != 0, padded: d.padded != 0, ready }))
+    Ok(Some(PackageTensor { tensor: d.tensor, writability: writability_of(d.writability), padded: d.padded != 0, ready }))
 }
 
 fn writability_of(code: u8) -> Writability {
@@ -267,19 +273,20 @@ fn writability_code(writability: Writability) -> u8 {
 }
 
 unsafe extern "C" fn describe(obj: *mut ffi::PyObject, has_requested: u8, requested: i64, out: *mut Described) -> c_int {
-    // SAFETY: the caller holds the GIL (the table's contract) for this call.
-    let py = unsafe { Python::assume_attached() };
+    // The caller holds the GIL (the table's contract); attaching tells PyO3 so.
+    Python::attach(|py| describe_attached(py, obj, has_requested, requested, out))
+}
+
+fn describe_attached(py: Python<'_>, obj: *mut ffi::PyObject, has_requested: u8, requested: i64, out: *mut Described) -> c_int {
     let described = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> PyResult<Option<Described>> {
         // SAFETY: a live object, borrowed for the call.
         let obj = unsafe { pyo3::Borrowed::from_ptr(py, obj) };
         let Ok(tensor) = obj.cast_exact::<TensorObject>() else { return Ok(None) };
         let tensor = tensor.get();
-        let ready = tensor.stream_for((has_requested != 0).then_some(requested))?;
+        let ready = tensor.lend_stream((has_requested != 0).then_some(requested))?;
         Ok(Some(Described {
             tensor: tensor.borrowed_dltensor(),
             writability: writability_code(tensor.writability()),
-            // IS_COPIED says how the tensor was made; writes to it are seen by all who hold it.
-            copied: 0,
             padded: u8::from(tensor.view().is_subbyte_padded()),
             has_ready: u8::from(ready.is_some()),
             ready: ready.unwrap_or(0),

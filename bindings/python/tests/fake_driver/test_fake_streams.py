@@ -126,6 +126,24 @@ def test_our_no_sync_exports_leave_later_work_on_the_reported_stream_ordered(dri
     no_host_sync(driver.log())
 
 
+def test_an_idle_tensor_lent_to_an_extension_keeps_its_later_work_ordered(driver):
+    """A dlbridge tensor with no pending work, taken by an extension that names no stream: it is told
+    the legacy default stream, and the tensor keeps that stream as its data's, so its next export
+    waits for the extension's write there (before, it said no stream and stayed idle, and a
+    consumer on another stream could read before the write)."""
+    from dlbridge import _native
+
+    P, C = driver.stream(), driver.stream()
+    x, _ = table_producer(work_stream=P, make=lambda: driver.over(busy(driver, P)))
+    t = dlbridge.from_dlpack(x, stream=-1)  # -1: no pending work is kept
+    s = _native._argument_ready_stream(t, writable=True)
+    assert s == 1
+    driver.fill(s, t.data_ptr, N, 9.0)  # the extension's kernel, on the stream it was given
+    t.__dlpack__(stream=C, max_version=(1, 3))
+    assert driver.read(C, t.data_ptr, N) == [9.0] * N, "__dlpack__(stream=C) did not wait for the write"
+    no_host_sync(driver.log())
+
+
 @pytest.mark.parametrize("reused", [False, True], ids=["destroyed", "destroyed and handed out again"])
 def test_a_stream_the_caller_named_is_not_kept(driver, reused):
     """M5: a consumer's stream is valid for the call that names it (CuPy and numba destroy theirs
