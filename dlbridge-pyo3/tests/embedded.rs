@@ -133,8 +133,11 @@ fn an_extension_extracts_a_tensor_on_its_own_stream() {
             assert!(err.to_string().contains("CUDA is not available"), "{err}");
         }
         let inner = locals.get_item("inner")?.expect("inner");
-        assert_eq!(inner.extract::<PyTensor<'_>>()?.ready_stream(), None, "no pending work");
         assert_eq!(<PyTensor>::extract_on_stream(&inner, stream(7))?.ready_stream(), None, "nothing to wait for");
+        // An idle tensor lent without a stream: the legacy one, which it keeps as its data's stream
+        // from then on, so that its later exports wait for what the extension queues there.
+        assert_eq!(inner.extract::<PyTensor<'_>>()?.ready_stream(), Some(1), "the legacy stream, kept");
+        assert_eq!(inner.extract::<PyTensor<'_>>()?.ready_stream(), Some(1));
 
         // CPU memory has no streams.
         let bytes = PyByteArray::new(py, &[1, 2]);

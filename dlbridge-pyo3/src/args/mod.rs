@@ -101,11 +101,11 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
 
     /// For device memory, the stream the data is ready on, where to launch work
     /// on it, valid while the call runs: the one passed to
-    /// [`extract_on_stream`](Self::extract_on_stream); else the producer's
-    /// current work stream (exchange API), or the legacy default stream, 1 on
-    /// CUDA (`__dlpack__`, and a dlbridge `Tensor`, whose later exports then
-    /// wait for work queued there). `None` when no work is pending, as on the
-    /// CPU, or after a stream of -1.
+    /// [`extract_on_stream`](Self::extract_on_stream) (`None` if nothing was
+    /// pending); else the producer's current work stream (exchange API), or
+    /// the legacy default stream, 1 on CUDA (`__dlpack__`, and a dlbridge
+    /// `Tensor`, even an idle one, whose later exports then wait for work
+    /// queued there). `None` on the CPU, and after a stream of -1.
     pub fn ready_stream(&self) -> Option<i64> {
         self.ready
     }
