@@ -1,9 +1,12 @@
 //! Every core error reaches Python as the exception type the spec names, with
-//! the core's message.
+//! the core's message; and no error or panic of a function called from C
+//! unwinds into its caller.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use dlbridge::Error;
 use pyo3::exceptions::{PyBufferError, PyMemoryError, PyTypeError, PyValueError};
-use pyo3::PyErr;
+use pyo3::{PyErr, PyResult, Python};
 
 /// The exception for a core error: BufferError when the data cannot be
 /// exchanged as described, ValueError for a bad argument, TypeError for a
@@ -35,6 +38,24 @@ pub fn exception_name(err: &Error) -> &'static core::ffi::CStr {
         Error::AllocationFailed { .. } | Error::Cuda { code: CUDA_ERROR_OUT_OF_MEMORY, .. } => c"MemoryError",
         _ => c"BufferError",
     }
+}
+
+/// Runs `body` for a C caller that holds the GIL (attaching tells PyO3 so, and
+/// takes the GIL for a caller that broke that rule rather than crashing): an
+/// error becomes the Python exception and `failed` is returned; a panic too,
+/// as the exception `on_panic` makes, so that no unwind crosses into C.
+pub(crate) fn for_c_caller<R>(failed: R, on_panic: impl FnOnce() -> PyErr, body: impl FnOnce(Python<'_>) -> PyResult<R>) -> R {
+    Python::attach(|py| match catch_unwind(AssertUnwindSafe(|| body(py))) {
+        Ok(Ok(value)) => value,
+        Ok(Err(err)) => {
+            err.restore(py);
+            failed
+        }
+        Err(_) => {
+            on_panic().restore(py);
+            failed
+        }
+    })
 }
 
 /// `?`-friendly conversion of core results.

@@ -21,7 +21,7 @@ use pyo3::prelude::*;
 use pyo3::{ffi, Borrowed};
 
 use super::{Tensor, TensorObject};
-use crate::errors::{exception_name, to_py_err};
+use crate::errors::{exception_name, for_c_caller, to_py_err};
 use crate::exchange::EXCHANGE_API_CAPSULE_NAME;
 
 /// dlbridge's exchange-API table; it lives for the whole process, as the header requires.
@@ -67,17 +67,8 @@ fn guarded(body: impl FnOnce() -> c_int) -> c_int {
 /// exception and -1. Callers should hold the GIL already, as the API requires;
 /// one that does not gets it taken for it rather than a crash.
 fn with_python(body: impl FnOnce(Python<'_>) -> PyResult<()>) -> c_int {
-    Python::attach(|py| match catch_unwind(AssertUnwindSafe(|| body(py))) {
-        Ok(Ok(())) => 0,
-        Ok(Err(err)) => {
-            err.restore(py);
-            -1
-        }
-        Err(_) => {
-            PyRuntimeError::new_err("dlbridge panicked in an exchange-API function").restore(py);
-            -1
-        }
-    })
+    let on_panic = || PyRuntimeError::new_err("dlbridge panicked in an exchange-API function");
+    for_c_caller(-1, on_panic, |py| body(py).map(|()| 0))
 }
 
 fn our_tensor<'a, 'py>(py: Python<'py>, object: *mut c_void) -> PyResult<Borrowed<'a, 'py, TensorObject>> {

@@ -12,9 +12,7 @@
 //! (memory, writability, readiness), so that another extension's arguments
 //! read and write it without an export.
 
-use core::ffi::CStr;
-
-use core::ffi::c_int;
+use core::ffi::{c_int, CStr};
 
 use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 use dlbridge::{Owned, OwnedLegacyTensor, OwnedTensor};
@@ -25,7 +23,7 @@ use pyo3::{ffi, intern, IntoPyObject};
 
 use super::{Tensor, TensorObject};
 use crate::any_owned::AnyOwned;
-use crate::errors::IntoPyResult;
+use crate::errors::{for_c_caller, IntoPyResult};
 use crate::writability::Writability;
 
 /// The capsule's name, and its attribute of `dlbridge._native`.
@@ -194,20 +192,8 @@ fn hand_over<'py>(py: Python<'py>, api: &TensorApi, tensor: Tensor) -> PyResult<
 unsafe extern "C" fn adopt(handover: *mut Handover) -> *mut ffi::PyObject {
     // SAFETY: the caller passes a complete handover and holds the GIL.
     let handover = unsafe { handover.read() };
-    Python::attach(|py| {
-        let adopted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| adopted(py, handover)));
-        match adopted {
-            Ok(Ok(object)) => object.into_ptr(),
-            Ok(Err(err)) => {
-                err.restore(py);
-                core::ptr::null_mut()
-            }
-            Err(_) => {
-                PySystemError::new_err("dlbridge panicked while adopting a tensor from another extension").restore(py);
-                core::ptr::null_mut()
-            }
-        }
-    })
+    let on_panic = || PySystemError::new_err("dlbridge panicked while adopting a tensor from another extension");
+    for_c_caller(core::ptr::null_mut(), on_panic, |py| adopted(py, handover).map(Bound::into_ptr))
 }
 
 fn adopted(py: Python<'_>, h: Handover) -> PyResult<Bound<'_, PyAny>> {
@@ -273,39 +259,22 @@ fn writability_code(writability: Writability) -> u8 {
 }
 
 unsafe extern "C" fn describe(obj: *mut ffi::PyObject, has_requested: u8, requested: i64, out: *mut Described) -> c_int {
-    // The caller holds the GIL (the table's contract); attaching tells PyO3 so.
-    Python::attach(|py| describe_attached(py, obj, has_requested, requested, out))
-}
-
-fn describe_attached(py: Python<'_>, obj: *mut ffi::PyObject, has_requested: u8, requested: i64, out: *mut Described) -> c_int {
-    let described = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> PyResult<Option<Described>> {
-        // SAFETY: a live object, borrowed for the call.
+    let on_panic = || PySystemError::new_err("dlbridge panicked while describing a tensor to another extension");
+    for_c_caller(-1, on_panic, |py| {
+        // SAFETY: a live object, borrowed for the call (the caller's contract).
         let obj = unsafe { pyo3::Borrowed::from_ptr(py, obj) };
-        let Ok(tensor) = obj.cast_exact::<TensorObject>() else { return Ok(None) };
+        let Ok(tensor) = obj.cast_exact::<TensorObject>() else { return Ok(1) };
         let tensor = tensor.get();
         let ready = tensor.lend_stream((has_requested != 0).then_some(requested))?;
-        Ok(Some(Described {
+        let described = Described {
             tensor: tensor.borrowed_dltensor(),
             writability: writability_code(tensor.writability()),
             padded: u8::from(tensor.view().is_subbyte_padded()),
             has_ready: u8::from(ready.is_some()),
             ready: ready.unwrap_or(0),
-        }))
-    }));
-    match described {
-        Ok(Ok(Some(d))) => {
-            // SAFETY: the caller's writable out struct.
-            unsafe { out.write(d) };
-            0
-        }
-        Ok(Ok(None)) => 1,
-        Ok(Err(err)) => {
-            err.restore(py);
-            -1
-        }
-        Err(_) => {
-            PySystemError::new_err("dlbridge panicked while describing a tensor to another extension").restore(py);
-            -1
-        }
-    }
+        };
+        // SAFETY: the caller's writable out struct.
+        unsafe { out.write(described) };
+        Ok(0)
+    })
 }
