@@ -320,6 +320,50 @@ proptest! {
         prop_assert_eq!(again.view().strides(), &strides[..]);
     }
 
+    /// Strides in bytes give the view that the same strides in elements give.
+    #[test]
+    fn byte_strides_validate_as_element_strides(
+        dims in prop::collection::vec((0i64..5, -7i64..8), 0..5),
+        itemsize_log2 in 0u32..4,
+    ) {
+        let dtype = DataType::new(DataTypeCode::UINT, 8 << itemsize_log2, 1);
+        let itemsize = 1i64 << itemsize_log2;
+        let mut shape: Vec<i64> = dims.iter().map(|d| d.0).collect();
+        let mut strides: Vec<i64> = dims.iter().map(|d| d.1).collect();
+        let data = vec![0u64; 512];
+        let base = data[256..].as_ptr().cast_mut().cast::<c_void>();
+        let t = DLTensor { data: base, device: Device::CPU, ndim: shape.len() as i32, dtype,
+                           shape: shape.as_mut_ptr(), strides: strides.as_mut_ptr(), byte_offset: 0 };
+        // SAFETY: only metadata is read; the data is never touched here.
+        let from_elements = unsafe { TensorView::from_dltensor(&t, false) }.unwrap();
+        // SAFETY: as above.
+        let from_bytes = unsafe {
+            TensorView::from_byte_strides(base, dtype, Device::CPU, shape.len(), false, |i| (shape[i], strides[i] * itemsize))
+        }.unwrap();
+        prop_assert_eq!(from_bytes.shape(), from_elements.shape());
+        prop_assert_eq!(from_bytes.strides(), from_elements.strides());
+        prop_assert_eq!(from_bytes.byte_range(), from_elements.byte_range());
+    }
+
+    /// Arbitrary byte strides, sizes and addresses are errors, never panics,
+    /// and what is accepted reaches a range that fits the address space.
+    #[test]
+    fn arbitrary_byte_strides_never_panic(
+        ndim in 0usize..70,
+        axes in prop::collection::vec((any::<i64>(), any::<i64>()), 70),
+        code in any::<u8>(), bits in any::<u8>(), padded in any::<bool>(), data in any::<usize>(),
+    ) {
+        let dtype = DataType::new(DataTypeCode(code), bits, 1);
+        // SAFETY: an address without provenance: only metadata is read, never the data.
+        let view = unsafe {
+            TensorView::from_byte_strides(std::ptr::without_provenance_mut(data), dtype, Device::CPU, ndim, padded, |i| axes[i])
+        };
+        if let Ok(v) = view {
+            let r = v.byte_range();
+            prop_assert!(r.start <= r.end);
+        }
+    }
+
     /// Arbitrary metadata never panics the validator.
     #[test]
     fn arbitrary_metadata_never_panics(
@@ -370,4 +414,21 @@ fn sub_byte_extent_is_packed() {
     // SAFETY: padded, they need 5 bytes, which the caller must vouch for; only metadata is read.
     let padded = unsafe { TensorView::from_dltensor(&t, true) }.unwrap();
     assert_eq!(padded.byte_range().len(), 5);
+}
+
+#[test]
+fn byte_strides_refuse_what_they_cannot_describe() {
+    let data = [0u8; 16];
+    let base = data.as_ptr().cast_mut().cast::<c_void>();
+    let float4 = DataType::new(DataTypeCode::FLOAT4_E2M1FN, 4, 1);
+    // SAFETY (each call): the layouts reach at most the 16 bytes of `data`, which outlive the views.
+    let view = |dtype, ndim, padded, axis: &dyn Fn(usize) -> (i64, i64)| unsafe {
+        TensorView::from_byte_strides(base, dtype, Device::CPU, ndim, padded, axis)
+    };
+    assert!(matches!(view(float4, 1, false, &|_| (4, 1)), Err(Error::UnsupportedDtype { .. })), "packed: no byte strides");
+    assert_eq!(view(float4, 1, true, &|_| (4, 1)).map(|v| v.strides().to_vec()), Ok(vec![1]), "padded: a byte each");
+    assert!(matches!(view(DataType::FLOAT32, 1, false, &|_| (2, 6)), Err(Error::StrideNotWhole { axis: 0, byte_stride: 6, itemsize: 4 })));
+    assert!(matches!(view(DataType::FLOAT32, 1, false, &|_| (-1, 4)), Err(Error::NegativeDimension { .. })));
+    assert!(matches!(view(DataType::FLOAT32, 65, false, &|_| (1, 4)), Err(Error::NdimOutOfRange { .. })));
+    assert!(matches!(view(DataType::FLOAT32, 2, false, &|_| (1 << 40, 1 << 40)), Err(_)), "a huge extent");
 }
