@@ -430,5 +430,6 @@ fn byte_strides_refuse_what_they_cannot_describe() {
     assert!(matches!(view(DataType::FLOAT32, 1, false, &|_| (2, 6)), Err(Error::StrideNotWhole { axis: 0, byte_stride: 6, itemsize: 4 })));
     assert!(matches!(view(DataType::FLOAT32, 1, false, &|_| (-1, 4)), Err(Error::NegativeDimension { .. })));
     assert!(matches!(view(DataType::FLOAT32, 65, false, &|_| (1, 4)), Err(Error::NdimOutOfRange { .. })));
-    assert!(matches!(view(DataType::FLOAT32, 2, false, &|_| (1 << 40, 1 << 40)), Err(_)), "a huge extent");
+    assert!(matches!(view(DataType::FLOAT32, 2, false, &|_| (1 << 40, 4)), Err(Error::SizeOverflow { .. })), "a huge element count");
+    assert!(matches!(view(DataType::FLOAT32, 2, false, &|_| (2, 1 << 62)), Err(Error::ExtentOverflow { .. })), "a huge extent");
 }
