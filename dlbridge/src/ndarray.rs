@@ -129,8 +129,9 @@ impl<'a> TensorViewMut<'a> {
     /// # Safety
     /// As [`TensorView::as_array_unchecked`].
     pub unsafe fn as_array_mut_unchecked<T: Element, D: Dimension>(&mut self) -> ArrayViewMut<'_, T, D> {
-        // SAFETY: forwarded from the caller; the array borrows `self` mutably.
-        unsafe { self.reborrow().into_array_mut_unchecked() }
+        // SAFETY: forwarded from the caller; the array borrows `self` mutably,
+        // so it is the only path to the bytes while it lives.
+        unsafe { array_mut_of(self.view()) }
     }
 
     /// Gives up the view for its elements as a mutable `ndarray` view for the
@@ -139,15 +140,24 @@ impl<'a> TensorViewMut<'a> {
     /// # Safety
     /// As [`TensorView::as_array_unchecked`].
     pub unsafe fn into_array_mut_unchecked<T: Element, D: Dimension>(self) -> ArrayViewMut<'a, T, D> {
-        let view = self.view();
-        let (base, inverted) = placement::<T>(view);
-        let (shape, strides) = layout_as::<D>(view);
-        // SAFETY: as in `as_array_unchecked`; the memory is writable and unaliased
-        // (guaranteed by `TensorViewMut`), and `self` is given up: the only borrow.
-        let mut array = unsafe { ArrayViewMut::<T, D>::from_shape_ptr(shape.strides(strides), base.cast_mut().cast()) };
-        invert(&mut array, inverted);
-        array
+        // SAFETY: forwarded from the caller; `self` is given up: the only borrow.
+        unsafe { array_mut_of(self.view()) }
     }
+}
+
+/// The elements of a writable view as a mutable `ndarray` view, for `'b`.
+///
+/// # Safety
+/// As [`TensorView::as_array_unchecked`]; `view` belongs to a [`TensorViewMut`]
+/// (writable, unaliased memory) of which the result is the only path to the
+/// bytes for `'b`, and those bytes stay valid for `'b`.
+unsafe fn array_mut_of<'b, T: Element, D: Dimension>(view: &TensorView<'_>) -> ArrayViewMut<'b, T, D> {
+    let (base, inverted) = placement::<T>(view);
+    let (shape, strides) = layout_as::<D>(view);
+    // SAFETY: as in `as_array_unchecked`, with writes allowed by the caller.
+    let mut array = unsafe { ArrayViewMut::<T, D>::from_shape_ptr(shape.strides(strides), base.cast_mut().cast()) };
+    invert(&mut array, inverted);
+    array
 }
 
 impl<M: ManagedAbi> Owned<M> {
@@ -201,7 +211,7 @@ where
     let strides = Small::from_fn(ndim, |i| array.strides()[i] as i64);
     let (shape, strides) = (shape.as_slice(), strides.as_slice());
     let place = extent_of(shape, Some(strides))?;
-    let block = place_owner::<M, _>(array, ndim)?;
+    let block = place_owner::<M, _, _>(array, ndim, &crate::export::GlobalBlocks)?;
     // SAFETY: the array now lives in the block, which does not move; this is
     // the only borrow of it.
     let data = element0(unsafe { &mut (*block.as_ptr()).owner });

@@ -3,8 +3,10 @@
 
 use core::alloc::Layout;
 use core::ffi::c_void;
+use core::marker::PhantomData;
 use core::ptr::NonNull;
 
+use super::allocator::{BlockAllocator, GlobalBlocks};
 use super::RawLayout;
 use crate::element::Element;
 use crate::error::Error;
@@ -16,45 +18,56 @@ use crate::view::TensorView;
 use crate::Device;
 
 /// The single allocation behind an export: the managed struct first, so that a
-/// pointer to it is a pointer to the block.
+/// pointer to it is a pointer to the block. `A` allocated it and frees it.
 #[repr(C)]
-pub(crate) struct ExportBlock<M, O> {
+pub(crate) struct ExportBlock<M, O, A = GlobalBlocks> {
     managed: M,
     pub(crate) owner: O,
     ndim: usize,
+    allocator: PhantomData<fn() -> A>,
     // followed by `2 * ndim` i64: shape, then strides
 }
 
 // Cannot fire: ndim <= MAX_NDIM (checked by every caller), so the block is a
 // few hundred bytes plus the owner's size, far from any layout limit.
 #[allow(clippy::expect_used)]
-pub(super) fn block_layout<M, O>(ndim: usize) -> (Layout, usize) {
-    let head = Layout::new::<ExportBlock<M, O>>();
+pub(super) fn block_layout<M, O, A>(ndim: usize) -> (Layout, usize) {
+    let head = Layout::new::<ExportBlock<M, O, A>>();
     // Cannot fail: ndim <= MAX_NDIM, so the array is at most 1 KiB.
     let dims = Layout::array::<i64>(2 * ndim).expect("small array layout");
     let (layout, offset) = head.extend(dims).expect("small block layout");
     (layout.pad_to_align(), offset)
 }
 
-unsafe extern "C" fn delete_block<M: ManagedAbi, O>(managed: *mut M) {
-    let block = managed.cast::<ExportBlock<M, O>>();
-    // SAFETY: `managed` is the first field of a block made by `export_raw` with
-    // these M and O; the deleter runs once, so the owner is dropped once.
+/// Drops the owner of a block and frees it, through its allocator.
+///
+/// # Safety
+/// `block` came from [`place_owner`] (owner and ndim written) and is not used afterwards.
+unsafe fn release_block<M, O, A: BlockAllocator>(block: *mut ExportBlock<M, O, A>) {
+    // SAFETY: per the caller; `release` drops the owner once, then frees.
     unsafe {
-        let (layout, _) = block_layout::<M, O>((*block).ndim);
-        core::ptr::drop_in_place(core::ptr::addr_of_mut!((*block).owner));
-        std::alloc::dealloc(block.cast(), layout);
+        let (layout, _) = block_layout::<M, O, A>((*block).ndim);
+        A::release(block.cast(), layout, || core::ptr::drop_in_place(core::ptr::addr_of_mut!((*block).owner)));
     }
 }
 
-/// Allocates the one block of an export and moves `owner` into it, its final
-/// place: a pointer into an owner that keeps its elements inline is taken only
-/// after this. On allocation failure the owner is dropped.
-pub(crate) fn place_owner<M: ManagedAbi, O: Send + 'static>(owner: O, ndim: usize) -> Result<NonNull<ExportBlock<M, O>>, Error> {
-    let (block_layout, _) = block_layout::<M, O>(ndim);
-    // SAFETY: the layout is non-zero sized (it holds the managed struct).
-    let raw = unsafe { std::alloc::alloc(block_layout) };
-    let block = NonNull::new(raw.cast::<ExportBlock<M, O>>()).ok_or(Error::AllocationFailed { bytes: block_layout.size() })?;
+unsafe extern "C" fn delete_block<M: ManagedAbi, O, A: BlockAllocator>(managed: *mut M) {
+    // SAFETY: `managed` is the first field of a block made by `fill_block` with
+    // these M, O and A; the deleter runs once, so the owner is dropped once.
+    unsafe { release_block(managed.cast::<ExportBlock<M, O, A>>()) }
+}
+
+/// Allocates the one block of an export from `allocator` and moves `owner`
+/// into it, its final place: a pointer into an owner that keeps its elements
+/// inline is taken only after this. On allocation failure the owner is dropped.
+pub(crate) fn place_owner<M: ManagedAbi, O: Send + 'static, A: BlockAllocator>(
+    owner: O,
+    ndim: usize,
+    allocator: &A,
+) -> Result<NonNull<ExportBlock<M, O, A>>, Error> {
+    let (block_layout, _) = block_layout::<M, O, A>(ndim);
+    let raw = allocator.allocate(block_layout);
+    let block = NonNull::new(raw.cast::<ExportBlock<M, O, A>>()).ok_or(Error::AllocationFailed { bytes: block_layout.size() })?;
     // SAFETY: freshly allocated with room for the head; written once.
     unsafe {
         core::ptr::addr_of_mut!((*block.as_ptr()).owner).write(owner);
@@ -67,13 +80,9 @@ pub(crate) fn place_owner<M: ManagedAbi, O: Send + 'static>(owner: O, ndim: usiz
 ///
 /// # Safety
 /// `block` came from [`place_owner`] and is not used afterwards.
-pub(super) unsafe fn discard_block<M: ManagedAbi, O>(block: NonNull<ExportBlock<M, O>>) {
-    // SAFETY: the owner and ndim were written by `place_owner`; the block is freed once.
-    unsafe {
-        let (layout, _) = block_layout::<M, O>((*block.as_ptr()).ndim);
-        core::ptr::drop_in_place(core::ptr::addr_of_mut!((*block.as_ptr()).owner));
-        std::alloc::dealloc(block.as_ptr().cast(), layout);
-    }
+pub(super) unsafe fn discard_block<M: ManagedAbi, O, A: BlockAllocator>(block: NonNull<ExportBlock<M, O, A>>) {
+    // SAFETY: forwarded from the caller.
+    unsafe { release_block(block.as_ptr()) }
 }
 
 /// Writes the managed struct, shape and strides of a block from [`place_owner`].
@@ -82,15 +91,15 @@ pub(super) unsafe fn discard_block<M: ManagedAbi, O>(block: NonNull<ExportBlock<
 /// # Safety
 /// `block` came from [`place_owner`] with `layout.shape.len()` axes and its
 /// managed struct is not written yet.
-unsafe fn fill_block<M: ManagedAbi, O: Send + 'static>(
-    block: NonNull<ExportBlock<M, O>>,
+unsafe fn fill_block<M: ManagedAbi, O: Send + 'static, A: BlockAllocator>(
+    block: NonNull<ExportBlock<M, O, A>>,
     data: *mut c_void,
     layout: RawLayout<'_>,
     numel: usize,
     flags: u64,
 ) -> NonNull<M> {
     let ndim = layout.shape.len();
-    let (_, dims_offset) = block_layout::<M, O>(ndim);
+    let (_, dims_offset) = block_layout::<M, O, A>(ndim);
     let raw = block.as_ptr().cast::<u8>();
     let (shape_ptr, strides_ptr) = if ndim == 0 {
         (core::ptr::null_mut(), core::ptr::null_mut())
@@ -120,7 +129,7 @@ unsafe fn fill_block<M: ManagedAbi, O: Send + 'static>(
         strides: strides_ptr,
         byte_offset: if numel == 0 { 0 } else { layout.byte_offset },
     };
-    let managed = M::assemble(dl_tensor, raw.cast(), delete_block::<M, O>, flags);
+    let managed = M::assemble(dl_tensor, raw.cast(), delete_block::<M, O, A>, flags);
     // SAFETY: the head has room for the struct, written once before anyone reads it.
     unsafe { core::ptr::addr_of_mut!((*block.as_ptr()).managed).write(managed) };
     block.cast()
@@ -128,14 +137,15 @@ unsafe fn fill_block<M: ManagedAbi, O: Send + 'static>(
 
 /// Allocates and fills the one block of an export of memory that does not
 /// live inside `owner` itself.
-pub(super) fn write_block<M: ManagedAbi, O: Send + 'static>(
+pub(super) fn write_block<M: ManagedAbi, O: Send + 'static, A: BlockAllocator>(
     owner: O,
     data: *mut c_void,
     layout: RawLayout<'_>,
     numel: usize,
     flags: u64,
+    allocator: &A,
 ) -> Result<NonNull<M>, Error> {
-    let block = place_owner::<M, O>(owner, layout.shape.len())?;
+    let block = place_owner::<M, O, A>(owner, layout.shape.len(), allocator)?;
     // SAFETY: a block fresh from `place_owner` with this ndim.
     Ok(unsafe { fill_block(block, data, layout, numel, flags) })
 }
@@ -148,7 +158,7 @@ pub(super) fn write_block<M: ManagedAbi, O: Send + 'static>(
 /// `place` reaches from `element0` lies in an allocation that the block's owner
 /// keeps alive and in place, writable unless `flags` has READ_ONLY.
 pub(crate) unsafe fn export_placed<M: ManagedAbi, O: Send + 'static, T: Element>(
-    block: NonNull<ExportBlock<M, O>>,
+    block: NonNull<ExportBlock<M, O, GlobalBlocks>>,
     element0: *mut T,
     shape: &[i64],
     strides: Option<&[i64]>,

@@ -6,6 +6,7 @@
 //! `ndim > 0`, shape and strides are NULL when `ndim == 0`, and `data` is NULL
 //! when the tensor has no elements. The block itself is in `block.rs`.
 
+mod allocator;
 mod block;
 
 use core::ffi::c_void;
@@ -20,6 +21,7 @@ use crate::layout::{element_count, extent_of, place_in_buffer, MAX_NDIM};
 use crate::managed_abi::ManagedAbi;
 use crate::owned::Owned;
 
+pub use allocator::{BlockAllocator, GlobalBlocks};
 pub(crate) use block::{export_placed, place_owner};
 use block::{discard_block, write_block};
 use crate::view::TensorView;
@@ -83,7 +85,7 @@ pub unsafe fn export_raw<M: ManagedAbi, O: Send + 'static>(
         }
     }
     let numel = element_count(layout.shape)?;
-    let block: NonNull<M> = write_block(owner, data, layout, numel, flags)?;
+    let block: NonNull<M> = write_block(owner, data, layout, numel, flags, &GlobalBlocks)?;
     // SAFETY: the block is a complete managed tensor we own; shape and strides
     // live in it, and the caller vouches for the data. On error `from_raw` calls
     // the deleter, which drops the owner and frees the block.
@@ -104,6 +106,28 @@ pub unsafe fn export_view<M: ManagedAbi, O: Send + 'static>(
     device: Device,
     flags: u64,
 ) -> Result<Owned<M>, Error> {
+    // SAFETY: forwarded from the caller.
+    let block: NonNull<M> = unsafe { export_view_in(owner, view, device, flags, &GlobalBlocks) }?;
+    // SAFETY: the block was just written with the view's layout, so the view's
+    // validation carries over; the caller keeps the memory valid until the
+    // owner, and so the block, is dropped.
+    unsafe { Ok(Owned::from_validated(block, view.relabelled(device)).with_export_flags(flags)) }
+}
+
+/// As [`export_view`], with the block from `allocator`, and the managed tensor
+/// returned as is: the caller owns it, and hands it to a consumer or calls its
+/// deleter once. For producers that pass it straight on (a capsule), which
+/// need no [`Owned`] of their own.
+///
+/// # Safety
+/// As for [`export_view`].
+pub unsafe fn export_view_in<M: ManagedAbi, O: Send + 'static, A: BlockAllocator>(
+    owner: O,
+    view: &TensorView<'_>,
+    device: Device,
+    flags: u64,
+    allocator: &A,
+) -> Result<NonNull<M>, Error> {
     let layout = RawLayout {
         dtype: view.dtype(),
         device,
@@ -111,11 +135,7 @@ pub unsafe fn export_view<M: ManagedAbi, O: Send + 'static>(
         strides: Some(view.strides()),
         byte_offset: 0,
     };
-    let block: NonNull<M> = write_block(owner, view.as_ptr().cast_mut(), layout, view.len(), flags)?;
-    // SAFETY: the block was just written with the view's layout, so the view's
-    // validation carries over; the caller keeps the memory valid until the
-    // owner, and so the block, is dropped.
-    unsafe { Ok(Owned::from_validated(block, view.relabelled(device)).with_export_flags(flags)) }
+    write_block(owner, view.as_ptr().cast_mut(), layout, view.len(), flags, allocator)
 }
 
 /// Exports the elements that `slice_of` finds in `owner`, asked only once the
@@ -135,7 +155,7 @@ where
     T: Element,
 {
     let mut place = extent_of(shape, strides)?;
-    let block = place_owner::<M, O>(owner, shape.len())?;
+    let block = place_owner::<M, O, _>(owner, shape.len(), &GlobalBlocks)?;
     // SAFETY: the owner was written into the block, which does not move, and
     // nothing else refers to it: this borrow is the only one.
     let (base, len) = slice_of(unsafe { &mut (*block.as_ptr()).owner });

@@ -117,7 +117,60 @@ fn export_view_matches_a_fresh_validation() {
 
 #[test]
 fn block_is_one_allocation_per_ndim() {
-    let (small, _) = block_layout::<DLManagedTensorVersioned, Vec<u8>>(0);
-    let (big, _) = block_layout::<DLManagedTensorVersioned, Vec<u8>>(4);
+    let (small, _) = block_layout::<DLManagedTensorVersioned, Vec<u8>, GlobalBlocks>(0);
+    let (big, _) = block_layout::<DLManagedTensorVersioned, Vec<u8>, GlobalBlocks>(4);
     assert_eq!(big.size() - small.size(), 64);
+}
+
+/// Blocks from the global allocator, counted; or none at all.
+struct CountingBlocks {
+    refuse: bool,
+}
+static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
+static RELEASED: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: the global allocator's blocks, released after the owner's drop.
+unsafe impl BlockAllocator for CountingBlocks {
+    fn allocate(&self, layout: core::alloc::Layout) -> *mut u8 {
+        if self.refuse {
+            return core::ptr::null_mut();
+        }
+        ALLOCATED.fetch_add(1, Ordering::SeqCst);
+        GlobalBlocks.allocate(layout)
+    }
+
+    unsafe fn release(block: *mut u8, layout: core::alloc::Layout, drop_owner: impl FnOnce()) {
+        RELEASED.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: forwarded; the block came from GlobalBlocks.
+        unsafe { GlobalBlocks::release(block, layout, drop_owner) }
+    }
+}
+
+#[test]
+fn export_view_in_uses_the_allocator_given_and_drops_the_owner_once() {
+    let src = OwnedTensor::from_owner_mut((0..6).collect::<Vec<i32>>(), &[2, 3], None).unwrap();
+    let drops = Arc::new(AtomicUsize::new(0));
+    let owner = Counted(Vec::new(), drops.clone());
+    // SAFETY: `src` owns the data and outlives the export.
+    let raw: NonNull<DLManagedTensorVersioned> =
+        unsafe { export_view_in(owner, src.view(), Device::CPU, 0, &CountingBlocks { refuse: false }) }.unwrap();
+    assert_eq!(ALLOCATED.load(Ordering::SeqCst), 1);
+    // SAFETY: a fresh export, owned here, validated from scratch.
+    let back = unsafe { OwnedTensor::from_raw(raw.as_ptr()) }.unwrap();
+    assert_eq!(back.view().try_as_slice::<i32>().unwrap(), &[0, 1, 2, 3, 4, 5]);
+    assert_eq!((drops.load(Ordering::SeqCst), RELEASED.load(Ordering::SeqCst)), (0, 0));
+    drop(back);
+    assert_eq!((drops.load(Ordering::SeqCst), RELEASED.load(Ordering::SeqCst)), (1, 1));
+
+    // No block: an error naming the size, and the owner dropped once, not released.
+    let owner = Counted(Vec::new(), drops.clone());
+    // SAFETY: as above.
+    let refused = unsafe { export_view_in::<DLManagedTensorVersioned, _, _>(owner, src.view(), Device::CPU, 0, &CountingBlocks { refuse: true }) };
+    assert!(matches!(refused, Err(Error::AllocationFailed { .. })));
+    assert_eq!((drops.load(Ordering::SeqCst), RELEASED.load(Ordering::SeqCst)), (2, 1));
+}
+
+#[test]
+fn the_global_allocator_refuses_a_zero_sized_block() {
+    assert!(GlobalBlocks.allocate(core::alloc::Layout::new::<()>()).is_null());
 }
