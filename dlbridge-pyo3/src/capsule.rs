@@ -5,6 +5,7 @@
 //! [`ManagedAbi::USED_CAPSULE_NAME`]; they are static C strings, as the spec requires.
 
 use core::ffi::{c_void, CStr};
+use core::ptr::NonNull;
 
 use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned};
 use dlbridge::{ManagedAbi, Owned};
@@ -34,7 +35,7 @@ unsafe extern "C" fn destructor<M: ManagedAbi>(capsule: *mut ffi::PyObject) {
             ffi::PyErr_Fetch(&mut kind, &mut value, &mut traceback);
         }
         let ptr = ffi::PyCapsule_GetPointer(capsule, M::CAPSULE_NAME.as_ptr()).cast::<M>();
-        match core::ptr::NonNull::new(ptr) {
+        match NonNull::new(ptr) {
             Some(ptr) => M::delete(ptr),
             None => ffi::PyErr_WriteUnraisable(capsule),
         }
@@ -47,13 +48,23 @@ unsafe extern "C" fn destructor<M: ManagedAbi>(capsule: *mut ffi::PyObject) {
 /// Wraps an owned tensor in a new capsule named [`ManagedAbi::CAPSULE_NAME`].
 pub fn into_capsule<'py, M: ManagedAbi>(py: Python<'py>, tensor: Owned<M>) -> PyResult<Bound<'py, PyAny>> {
     let raw = tensor.into_raw();
-    // SAFETY: `raw` is an owned managed tensor; the capsule takes it over and its
-    // destructor deletes it exactly once unless a consumer renames it.
+    // SAFETY: `into_raw` gives up ownership of a live managed tensor, never NULL.
+    unsafe { raw_into_capsule(py, NonNull::new_unchecked(raw)) }
+}
+
+/// Wraps a managed tensor the caller owns in a new capsule, which takes it
+/// over: its destructor deletes it exactly once unless a consumer renames it.
+/// On failure the tensor is deleted here.
+///
+/// # Safety
+/// `raw` is a live managed tensor that the caller owns and does not use afterwards.
+pub(crate) unsafe fn raw_into_capsule<'py, M: ManagedAbi>(py: Python<'py>, raw: NonNull<M>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: per the caller.
     unsafe {
-        let capsule = ffi::PyCapsule_New(raw.cast::<c_void>(), M::CAPSULE_NAME.as_ptr(), Some(destructor::<M>));
+        let capsule = ffi::PyCapsule_New(raw.as_ptr().cast::<c_void>(), M::CAPSULE_NAME.as_ptr(), Some(destructor::<M>));
         if capsule.is_null() {
             // Nothing took ownership: delete it here.
-            drop(Owned::<M>::from_raw(raw));
+            M::delete(raw);
             return Err(PyErr::fetch(py));
         }
         Ok(Bound::from_owned_ptr(py, capsule))

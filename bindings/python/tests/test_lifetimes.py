@@ -2,6 +2,7 @@
 leak checks over many round trips, threads, a thread that never held the GIL, and interpreter exit."""
 
 import gc
+import os
 import subprocess
 import sys
 import threading
@@ -101,6 +102,36 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_export_blocks_are_freed_with_the_gil_by_the_allocator_that_made_them():
+    """`__dlpack__` exports live in blocks from Python's allocator, which needs the GIL. Under
+    PYTHONMALLOC=debug a free without the GIL, or by another allocator, is a fatal error: the blocks
+    are dropped here on a thread that never held the GIL, by NumPy and torch as consumers, from
+    threads, and at exit."""
+    code = r"""
+import threading, numpy as np, torch, dlbridge
+from dlbridge import _native
+t = dlbridge.from_dlpack(np.arange(12.0).reshape(3, 4))
+for _ in range(200):
+    _native._drop_on_rust_thread(t.__dlpack__())
+    _native._drop_on_rust_thread(t.__dlpack__(max_version=(1, 0)))
+    _native._drop_on_rust_thread(t)
+    assert np.from_dlpack(t)[2, 3] == 11.0 and torch.from_dlpack(t)[2, 3] == 11.0
+def work():
+    for _ in range(2000):
+        np.from_dlpack(t); t.__dlpack__(max_version=(1, 0))
+threads = [threading.Thread(target=work) for _ in range(4)]
+for th in threads: th.start()
+for th in threads: th.join()
+import builtins
+builtins._dlbridge_keep = [t.__dlpack__(), np.from_dlpack(t), torch.from_dlpack(t)]
+print("ok")
+"""
+    env = dict(os.environ, PYTHONMALLOC="debug")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "ok"
 
 

@@ -7,9 +7,10 @@
 //! copy ([`crate::moves`]). Installed as a `METH_FASTCALL | METH_KEYWORDS` method
 //! descriptor with keyword names matched by identity, which PyO3's generic parser cannot offer.
 
-use dlbridge::export::export_view;
+use core::ptr::NonNull;
+
 use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor, DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED};
-use dlbridge::{to_contiguous, Device, DeviceType, ManagedAbi, Owned, OwnedTensor};
+use dlbridge::{to_contiguous, Device, DeviceType, ManagedAbi, Owned};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::impl_::trampoline::{fastcall_cfunction_with_keywords, MethodDef};
 use pyo3::prelude::*;
@@ -17,12 +18,12 @@ use pyo3::types::{PyBool, PyInt, PyString, PyTuple};
 use pyo3::{ffi, intern, Borrowed};
 
 use super::{Tensor, TensorObject};
-use crate::capsule::into_capsule;
+use crate::capsule::raw_into_capsule;
 use crate::convert::parse_device_tuple;
 use crate::errors::IntoPyResult;
 use crate::handoff::{reaches, settle};
 use crate::moves::{can_move, copy_to};
-use crate::owner::PyOwner;
+use crate::owner::export_in_python_blocks;
 
 /// The parsed keywords of `__dlpack__`.
 pub(super) struct ExportRequest {
@@ -54,7 +55,8 @@ fn parse_max_version(max_version: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         return Err(bad());
     }
     // Items borrowed, not extracted as a Rust tuple: this runs on every export.
-    let (major, minor) = (tuple.get_borrowed_item(0)?, tuple.get_borrowed_item(1)?);
+    // SAFETY: the tuple has two items (checked above).
+    let (major, minor) = unsafe { (tuple.get_borrowed_item_unchecked(0), tuple.get_borrowed_item_unchecked(1)) };
     if !major.is_instance_of::<PyInt>() || !minor.is_instance_of::<PyInt>() || major.is_instance_of::<PyBool>() {
         return Err(bad());
     }
@@ -143,8 +145,8 @@ impl Tensor {
     }
 
     /// An owning versioned export sharing this tensor's memory, as
-    /// `__dlpack__(max_version=(1, 3))` gives; for the exchange API.
-    pub(crate) fn export_versioned(slf: &Bound<'_, TensorObject>) -> PyResult<OwnedTensor> {
+    /// `__dlpack__(max_version=(1, 3))` gives; the caller owns it.
+    pub(crate) fn export_versioned(slf: &Bound<'_, TensorObject>) -> PyResult<NonNull<DLManagedTensorVersioned>> {
         let request = ExportRequest::unsynchronised(slf.get().view().device(), false);
         Self::export::<DLManagedTensorVersioned>(slf, &request)
     }
@@ -179,16 +181,17 @@ impl Tensor {
         }
     }
 
-    /// An owning legacy export sharing this tensor's memory.
-    pub(crate) fn export_legacy(slf: &Bound<'_, TensorObject>) -> PyResult<dlbridge::OwnedLegacyTensor> {
+    /// An owning legacy export sharing this tensor's memory; the caller owns it.
+    pub(crate) fn export_legacy(slf: &Bound<'_, TensorObject>) -> PyResult<NonNull<DLManagedTensor>> {
         let request = ExportRequest::unsynchronised(slf.get().view().device(), true);
         Self::export::<DLManagedTensor>(slf, &request)
     }
 
-    /// A managed tensor of ABI `M` sharing this tensor's memory, or a fresh copy.
+    /// A managed tensor of ABI `M` sharing this tensor's memory, or a fresh
+    /// copy, owned by the caller (a capsule takes it over as it is).
     /// For device memory, the consumer's stream is first made to wait for the
     /// data's (an event, no host sync), unless the request says not to.
-    fn export<M: ManagedAbi>(slf: &Bound<'_, TensorObject>, request: &ExportRequest) -> PyResult<Owned<M>> {
+    fn export<M: ManagedAbi>(slf: &Bound<'_, TensorObject>, request: &ExportRequest) -> PyResult<NonNull<M>> {
         let this = slf.get();
         let view = this.view();
         let own = view.device();
@@ -200,7 +203,7 @@ impl Tensor {
             if request.order && ready.is_some() {
                 settle(request.device, ready, request.stream)?;
             }
-            return Ok(copy);
+            return Ok(into_raw(copy));
         }
         // A host consumer: one that asked for host memory, or one that passed no
         // stream for managed memory (NumPy reads it on the host).
@@ -228,10 +231,10 @@ impl Tensor {
                 // Fresh memory of the same kind: device memory copied on the
                 // consumer's stream, or managed memory copied by the host.
                 // SAFETY: a stream value as above.
-                return unsafe { dlbridge::cuda::copy_on_device::<M>(this.read(slf.py())?.view(), ready) }.py();
+                return unsafe { dlbridge::cuda::copy_on_device::<M>(this.read(slf.py())?.view(), ready) }.py().map(into_raw);
             }
             // Host memory, or managed memory asked for on the host (waited for above).
-            return to_contiguous::<M>(this.read(slf.py())?.view()).py();
+            return to_contiguous::<M>(this.read(slf.py())?.view()).py().map(into_raw);
         }
         let mut flags = this.writability.flags();
         if view.is_subbyte_padded() {
@@ -242,8 +245,15 @@ impl Tensor {
         // written only if the tensor is writable (READ_ONLY is set otherwise,
         // and a legacy export is only made of memory not known read-only).
         // `request.device` reaches the same memory (checked by `parse_request`).
-        unsafe { export_view(PyOwner::new(slf.as_any()), view, request.device, flags) }.py()
+        unsafe { export_in_python_blocks(slf.as_any(), view, request.device, flags) }.py()
     }
+}
+
+/// A tensor's managed struct, given up by its `Owned` to the caller.
+fn into_raw<M: ManagedAbi>(owned: Owned<M>) -> NonNull<M> {
+    let raw = owned.into_raw();
+    // SAFETY: `into_raw` gives up a live tensor, never NULL.
+    unsafe { NonNull::new_unchecked(raw) }
 }
 
 pub(super) const DLPACK_DOC: &core::ffi::CStr = c"__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nThe DLPack export, per the array API: a legacy \"dltensor\" capsule when max_version is None or below (1, 0), else a \"dltensor_versioned\" capsule at version 1.3.";
@@ -311,10 +321,13 @@ unsafe fn dlpack_body(
         (Borrowed::from_ptr(py, slf).cast_unchecked::<TensorObject>(), dlpack_keywords(py, args, nargsf, kwnames)?)
     };
     let request = slf.get().parse_request(stream.as_deref(), max_version.as_deref(), dl_device.as_deref(), copy.as_deref())?;
-    let capsule = if request.legacy {
-        into_capsule(py, Tensor::export::<DLManagedTensor>(&slf, &request)?)?
-    } else {
-        into_capsule(py, Tensor::export::<DLManagedTensorVersioned>(&slf, &request)?)?
+    // SAFETY: each export is a fresh managed tensor that the capsule takes over.
+    let capsule = unsafe {
+        if request.legacy {
+            raw_into_capsule(py, Tensor::export::<DLManagedTensor>(&slf, &request)?)?
+        } else {
+            raw_into_capsule(py, Tensor::export::<DLManagedTensorVersioned>(&slf, &request)?)?
+        }
     };
     Ok(capsule.into_ptr())
 }

@@ -132,9 +132,9 @@ unsafe extern "C" fn managed_from_py_object(object: *mut c_void, out: *mut *mut 
             return Err(PyValueError::new_err("NULL out pointer"));
         }
         tensor.get().order_default_stream()?;
-        let owned = Tensor::export_versioned(&tensor)?;
-        // SAFETY: non-NULL and writable, per the API.
-        unsafe { *out = owned.into_raw() };
+        let exported = Tensor::export_versioned(&tensor)?;
+        // SAFETY: non-NULL and writable, per the API, which hands the caller ownership.
+        unsafe { *out = exported.as_ptr() };
         Ok(())
     })
 }
