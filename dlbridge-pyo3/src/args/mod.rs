@@ -208,8 +208,9 @@ impl<'a, 'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> FromPyObject<'a
 pub struct PyTensorMut<'py, T: Dtype = AnyDtype, D: Rank = AnyRank, Dev: DeviceKind = AnyDevice, L: LayoutKind = AnyLayout> {
     /// Dropped first, as in [`PyTensor`].
     _borrow: Borrow<'py>,
-    /// For reads between writes; `'static` is private, as in [`PyTensor`].
-    view: TensorView<'static>,
+    /// For writes, and reads between them; `'static` is private, as in
+    /// [`PyTensor`]: only reborrows of it are handed out.
+    view: TensorViewMut<'static>,
     /// Keeps the data alive; `None` for memory written in place, which
     /// `source` keeps alive.
     _owned: Option<Box<AnyOwned>>,
@@ -222,7 +223,7 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
     /// A read-only view, for shape, strides and reads: its slices end before
     /// the next [`view_mut`](Self::view_mut).
     pub fn view(&self) -> &TensorView<'_> {
-        &self.view
+        self.view.view()
     }
 
     /// The writable view; writes are seen in the caller's own object. (Python
@@ -232,13 +233,15 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
         Ok(self.writable())
     }
 
-    /// The writable view, infallibly: extraction checked that the memory is
-    /// writable and its elements do not overlap.
+    /// The writable view, infallibly, reborrowed from `&mut self`.
     fn writable(&mut self) -> TensorViewMut<'_> {
-        // SAFETY: `self` holds an exclusive borrow of these bytes in the registry,
-        // and `&mut self` makes the result the only path to them while it lives;
-        // writability and non-overlap were checked at extraction.
-        unsafe { TensorViewMut::new_unchecked(self.view.clone()) }
+        self.view.reborrow()
+    }
+
+    /// The writable view in place, for typed writes that reborrow it; never
+    /// handed out (a caller could swap a `'static` view out of it).
+    fn writable_in_place(&mut self) -> &mut TensorViewMut<'static> {
+        &mut self.view
     }
 
     /// The Python object the tensor came from.
@@ -298,6 +301,10 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
         // `&mut self`, so never overlap; the borrow excludes every other path.
         let borrow = acquire(source.py(), &view, true, || type_name(&source))?;
         T::check_elements(&view).map_err(|err| element_error::<T, D, Dev, L>(&view, &source, err))?;
+        // SAFETY: `self` holds an exclusive borrow of these bytes in the registry,
+        // and hands out writes only reborrowed from `&mut self`; writability and
+        // non-overlap were checked by `write_refusal`.
+        let view = unsafe { TensorViewMut::new_unchecked(view) };
         Ok(PyTensorMut { view, _owned: owned, source, ready, _borrow: borrow, _kind: PhantomData })
     }
 }

@@ -31,7 +31,7 @@ impl<'py, T: Element, D: Rank> PyTensorMut<'py, T, D, Cpu, CContiguous> {
     pub fn as_slice_mut(&mut self) -> &mut [T] {
         // SAFETY: as for `as_slice`; the writable view is the only path to the
         // bytes while `&mut self` is borrowed.
-        unsafe { self.writable().into_slice_mut_unchecked() }
+        unsafe { self.writable_in_place().as_slice_mut_unchecked() }
     }
 }
 
@@ -71,7 +71,7 @@ mod arrays {
         pub fn as_array_mut(&mut self) -> ArrayViewMut<'_, T, D> {
             // SAFETY: as for `as_array`; the writable view is the only path to
             // the bytes while `&mut self` is borrowed.
-            unsafe { self.writable().into_array_mut_unchecked() }
+            unsafe { self.writable_in_place().as_array_mut_unchecked() }
         }
     }
 
@@ -79,7 +79,7 @@ mod arrays {
         /// The elements as a mutable `ndarray` view of any rank.
         pub fn as_array_mut_dyn(&mut self) -> ArrayViewMut<'_, T, IxDyn> {
             // SAFETY: as for `as_array_mut`.
-            unsafe { self.writable().into_array_mut_unchecked() }
+            unsafe { self.writable_in_place().as_array_mut_unchecked() }
         }
     }
 }
