@@ -145,3 +145,14 @@ def test_an_impostor_ml_dtypes_module_is_not_trusted():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:3] == ["refused", "[42, 42, 42, 42]", "bfloat16"]
+
+
+@pytest.mark.parametrize("writability", ["unknown", "readonly", "writable"])
+def test_a_padded_tensor_relayed_by_from_dlpack_stays_padded(writability):
+    # A tensor of unknown writability is relayed as a legacy export, whose struct has no flags: the
+    # padding must come from the tensor's own view, or the relay reads packed nibbles (wrong values).
+    src = np.array([0.5, 1.0, 1.5, 6.0], dtype=ml_dtypes.float4_e2m1fn)
+    t = dlbridge._rebuild_tensor(bytearray(src.view(np.uint8).tobytes()), "float4_e2m1fn", (4,), writability, True)
+    r = dlbridge.from_dlpack(t)
+    assert r._subbyte_padded and r.nbytes == 4
+    assert r.numpy().tolist() == src.tolist()

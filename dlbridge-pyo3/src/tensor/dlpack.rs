@@ -9,6 +9,7 @@
 
 use core::ptr::NonNull;
 
+use dlbridge::export::export_view;
 use dlbridge::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor, DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED};
 use dlbridge::{to_contiguous, Device, DeviceType, ManagedAbi, Owned};
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
@@ -23,7 +24,7 @@ use crate::convert::parse_device_tuple;
 use crate::errors::IntoPyResult;
 use crate::handoff::{reaches, settle};
 use crate::moves::{can_move, copy_to};
-use crate::owner::export_in_python_blocks;
+use crate::owner::{export_in_python_blocks, PyOwner};
 
 /// The parsed keywords of `__dlpack__`.
 pub(super) struct ExportRequest {
@@ -146,6 +147,7 @@ impl Tensor {
 
     /// An owning versioned export sharing this tensor's memory, as
     /// `__dlpack__(max_version=(1, 3))` gives; the caller owns it.
+    #[must_use = "the caller owns the export: drop it through its deleter"]
     pub(crate) fn export_versioned(slf: &Bound<'_, TensorObject>) -> PyResult<NonNull<DLManagedTensorVersioned>> {
         let request = ExportRequest::unsynchronised(slf.get().view().device(), false);
         Self::export::<DLManagedTensorVersioned>(slf, &request)
@@ -181,16 +183,30 @@ impl Tensor {
         }
     }
 
-    /// An owning legacy export sharing this tensor's memory; the caller owns it.
-    pub(crate) fn export_legacy(slf: &Bound<'_, TensorObject>) -> PyResult<NonNull<DLManagedTensor>> {
-        let request = ExportRequest::unsynchronised(slf.get().view().device(), true);
-        Self::export::<DLManagedTensor>(slf, &request)
+    /// An owned tensor of ABI `M` sharing this tensor's memory, for
+    /// `from_dlpack(tensor)`: its validated view is kept, padding included,
+    /// which a legacy struct could not say.
+    pub(crate) fn share_as<M: ManagedAbi>(slf: &Bound<'_, TensorObject>) -> PyResult<Owned<M>> {
+        let this = slf.get();
+        let view = this.view();
+        // SAFETY: as for the shared export in `export`.
+        unsafe { export_view(PyOwner::new(slf.as_any()), view, view.device(), this.export_flags()) }.py()
+    }
+
+    /// READ_ONLY unless known writable, and the padding of sub-byte elements.
+    fn export_flags(&self) -> u64 {
+        let mut flags = self.writability.flags();
+        if self.view().is_subbyte_padded() {
+            flags |= DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
+        }
+        flags
     }
 
     /// A managed tensor of ABI `M` sharing this tensor's memory, or a fresh
     /// copy, owned by the caller (a capsule takes it over as it is).
     /// For device memory, the consumer's stream is first made to wait for the
     /// data's (an event, no host sync), unless the request says not to.
+    #[must_use = "the caller owns the export: drop it through its deleter"]
     fn export<M: ManagedAbi>(slf: &Bound<'_, TensorObject>, request: &ExportRequest) -> PyResult<NonNull<M>> {
         let this = slf.get();
         let view = this.view();
@@ -236,10 +252,7 @@ impl Tensor {
             // Host memory, or managed memory asked for on the host (waited for above).
             return to_contiguous::<M>(this.read(slf.py())?.view()).py().map(into_raw);
         }
-        let mut flags = this.writability.flags();
-        if view.is_subbyte_padded() {
-            flags |= DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED;
-        }
+        let flags = this.export_flags();
         // SAFETY: the memory is this tensor's, valid for its validated layout for
         // as long as the tensor object lives, which the owner guarantees. It is
         // written only if the tensor is writable (READ_ONLY is set otherwise,

@@ -168,13 +168,9 @@ impl Tensor {
     /// legacy when the writability is unknown, so that it stays unknown. Its
     /// data stays ready on this tensor's stream, which the caller carries over.
     pub(crate) fn share(slf: &Bound<'_, TensorObject>) -> PyResult<AnyOwned> {
-        // SAFETY: each export is a fresh managed tensor handed to us; `from_raw`
-        // owns it from here (deleting it if it fails).
-        unsafe {
-            match slf.get().writability {
-                Writability::Unknown => dlbridge::OwnedLegacyTensor::from_raw(Tensor::export_legacy(slf)?.as_ptr()).py().map(AnyOwned::Legacy),
-                _ => dlbridge::OwnedTensor::from_raw(Tensor::export_versioned(slf)?.as_ptr()).py().map(AnyOwned::Versioned),
-            }
+        match slf.get().writability {
+            Writability::Unknown => Tensor::share_as(slf).map(AnyOwned::Legacy),
+            _ => Tensor::share_as(slf).map(AnyOwned::Versioned),
         }
     }
 
