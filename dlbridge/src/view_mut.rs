@@ -117,8 +117,13 @@ impl<'a> TensorViewMut<'a> {
     /// # Safety
     /// As [`TensorView::as_slice_unchecked`].
     pub unsafe fn as_slice_mut_unchecked<T: Element>(&mut self) -> &mut [T] {
-        // SAFETY: forwarded from the caller; the slice borrows `self` mutably.
-        unsafe { self.reborrow().into_slice_mut_unchecked() }
+        let len = self.view.len();
+        if len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `into_slice_mut_unchecked`; the slice borrows `self`
+        // mutably, so it is the only path to the bytes while it lives.
+        unsafe { core::slice::from_raw_parts_mut(self.as_mut_ptr().cast::<T>(), len) }
     }
 
     /// A mutable view for as long as `self` is borrowed mutably.
