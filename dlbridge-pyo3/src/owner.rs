@@ -49,7 +49,9 @@ pub(crate) unsafe fn export_in_python_blocks<M: ManagedAbi>(
 
 /// A strong reference released without taking the GIL: it lives only in
 /// blocks of [`PythonBlocks`], whose `release` drops it with the GIL held, or
-/// dropped at once where an export under the GIL fails to allocate.
+/// dropped at once where an export under the GIL fails to allocate. Never an
+/// owner of any other export (`export_view`, `export_raw`): their deleters
+/// drop it on whatever thread they run.
 struct HeldRef(*mut ffi::PyObject);
 
 // SAFETY: the pointer is only decref'd, with the GIL held (see above).

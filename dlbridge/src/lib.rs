@@ -47,8 +47,10 @@
 //! already taken, are safe. `unsafe` is needed only where the crate must trust
 //! a pointer it cannot check: taking a producer's pointer ([`Owned::from_raw`],
 //! [`TensorView::from_dltensor`]) and exporting memory whose owner it cannot
-//! see ([`export::export_raw`], [`export::export_view`]). The caller vouches
-//! for those pointers; the crate checks every value behind them.
+//! see ([`export::export_raw`], [`export::export_view`],
+//! [`export::export_view_in`], whose block comes from an implementation of the
+//! unsafe trait [`export::BlockAllocator`]). The caller vouches for those
+//! pointers; the crate checks every value behind them.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 // On docs.rs (and `./dev docs`), each item says which crate feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]

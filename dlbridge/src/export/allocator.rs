@@ -8,10 +8,13 @@ use core::alloc::Layout;
 /// freeing happens in the deleter, on whatever thread the consumer calls it.
 ///
 /// # Safety
-/// `allocate` returns NULL or a block valid for `layout` (size and alignment)
-/// that stays allocated until `release` is called for it. `release`, called
-/// on any thread, runs `drop_owner` at most once and before freeing the block
-/// (it may leak both, as a binding must once its runtime is gone).
+/// `allocate` returns NULL or a fresh block, valid for `layout` (size and
+/// alignment) and used by nothing else, that stays allocated and untouched
+/// until `release` is called for it. `release` has no `self`: the type alone
+/// must be able to free a block from any of its values. Called on any thread,
+/// it runs `drop_owner` at most once, with the block's bytes as they were, and
+/// only then frees the block (it may leak both, as a binding must once its
+/// runtime is gone). It must not unwind: it runs inside a C deleter.
 pub unsafe trait BlockAllocator {
     /// A block for `layout`, or NULL when none can be had (or `layout` is zero-sized).
     fn allocate(&self, layout: Layout) -> *mut u8;
