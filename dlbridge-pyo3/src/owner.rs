@@ -66,7 +66,9 @@ impl Drop for HeldRef {
 
 /// Export blocks from `PyMem_Malloc`. Allocating needs the GIL, which the
 /// token proves; `release` takes it. (PyO3 modules refuse sub-interpreters,
-/// whose allocators would be separate.)
+/// whose allocators are separate on 3.12+; a foreign thread that calls the
+/// deleter while attached to one would free into the wrong one, as it would
+/// with NumPy's exports, which free the same way.)
 struct PythonBlocks<'py>(Python<'py>);
 
 // SAFETY: PyMem_Malloc gives NULL or a block of the size asked for, aligned
