@@ -47,9 +47,16 @@ unsafe extern "C" fn destructor<M: ManagedAbi>(capsule: *mut ffi::PyObject) {
 
 /// Wraps an owned tensor in a new capsule named [`ManagedAbi::CAPSULE_NAME`].
 pub fn into_capsule<'py, M: ManagedAbi>(py: Python<'py>, tensor: Owned<M>) -> PyResult<Bound<'py, PyAny>> {
-    let raw = tensor.into_raw();
-    // SAFETY: `into_raw` gives up ownership of a live managed tensor, never NULL.
-    unsafe { raw_into_capsule(py, NonNull::new_unchecked(raw)) }
+    // SAFETY: a live managed tensor, given up by its owner.
+    unsafe { raw_into_capsule(py, given_up(tensor)) }
+}
+
+/// A tensor's managed struct, given up by its `Owned` to the caller, who
+/// must hand it on or call its deleter.
+pub(crate) fn given_up<M: ManagedAbi>(owned: Owned<M>) -> NonNull<M> {
+    let raw = owned.into_raw();
+    // SAFETY: `into_raw` gives up a live tensor, never NULL.
+    unsafe { NonNull::new_unchecked(raw) }
 }
 
 /// Wraps a managed tensor the caller owns in a new capsule, which takes it

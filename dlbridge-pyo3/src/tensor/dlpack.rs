@@ -19,7 +19,7 @@ use pyo3::types::{PyBool, PyInt, PyString, PyTuple};
 use pyo3::{ffi, intern, Borrowed};
 
 use super::{Tensor, TensorObject};
-use crate::capsule::raw_into_capsule;
+use crate::capsule::{given_up, raw_into_capsule};
 use crate::convert::parse_device_tuple;
 use crate::errors::IntoPyResult;
 use crate::handoff::{reaches, settle};
@@ -41,10 +41,10 @@ pub(super) struct ExportRequest {
 }
 
 impl ExportRequest {
-    /// What the exchange API's exports and `from_dlpack(tensor)` ask: the same
-    /// memory, as is, with no stream ordering.
-    fn unsynchronised(device: Device, legacy: bool) -> Self {
-        ExportRequest { legacy, device, copy: None, stream: None, order: false, moved: false }
+    /// What the exchange API's exports ask: the same memory, as is, versioned,
+    /// with no stream ordering.
+    fn unsynchronised(device: Device) -> Self {
+        ExportRequest { legacy: false, device, copy: None, stream: None, order: false, moved: false }
     }
 }
 
@@ -149,7 +149,7 @@ impl Tensor {
     /// `__dlpack__(max_version=(1, 3))` gives; the caller owns it.
     #[must_use = "the caller owns the export: drop it through its deleter"]
     pub(crate) fn export_versioned(slf: &Bound<'_, TensorObject>) -> PyResult<NonNull<DLManagedTensorVersioned>> {
-        let request = ExportRequest::unsynchronised(slf.get().view().device(), false);
+        let request = ExportRequest::unsynchronised(slf.get().view().device());
         Self::export::<DLManagedTensorVersioned>(slf, &request)
     }
 
@@ -219,7 +219,7 @@ impl Tensor {
             if request.order && ready.is_some() {
                 settle(request.device, ready, request.stream)?;
             }
-            return Ok(into_raw(copy));
+            return Ok(given_up(copy));
         }
         // A host consumer: one that asked for host memory, or one that passed no
         // stream for managed memory (NumPy reads it on the host).
@@ -247,10 +247,10 @@ impl Tensor {
                 // Fresh memory of the same kind: device memory copied on the
                 // consumer's stream, or managed memory copied by the host.
                 // SAFETY: a stream value as above.
-                return unsafe { dlbridge::cuda::copy_on_device::<M>(this.read(slf.py())?.view(), ready) }.py().map(into_raw);
+                return unsafe { dlbridge::cuda::copy_on_device::<M>(this.read(slf.py())?.view(), ready) }.py().map(given_up);
             }
             // Host memory, or managed memory asked for on the host (waited for above).
-            return to_contiguous::<M>(this.read(slf.py())?.view()).py().map(into_raw);
+            return to_contiguous::<M>(this.read(slf.py())?.view()).py().map(given_up);
         }
         let flags = this.export_flags();
         // SAFETY: the memory is this tensor's, valid for its validated layout for
@@ -260,13 +260,6 @@ impl Tensor {
         // `request.device` reaches the same memory (checked by `parse_request`).
         unsafe { export_in_python_blocks(slf.as_any(), view, request.device, flags) }.py()
     }
-}
-
-/// A tensor's managed struct, given up by its `Owned` to the caller.
-fn into_raw<M: ManagedAbi>(owned: Owned<M>) -> NonNull<M> {
-    let raw = owned.into_raw();
-    // SAFETY: `into_raw` gives up a live tensor, never NULL.
-    unsafe { NonNull::new_unchecked(raw) }
 }
 
 pub(super) const DLPACK_DOC: &core::ffi::CStr = c"__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\nThe DLPack export, per the array API: a legacy \"dltensor\" capsule when max_version is None or below (1, 0), else a \"dltensor_versioned\" capsule at version 1.3.";
