@@ -46,6 +46,7 @@ impl Dims {
     }
 
     /// Extent of each axis.
+    #[inline]
     pub(crate) fn shape(&self) -> &[i64] {
         match self {
             Dims::Inline { ndim, values } => &values[..usize::from(*ndim)],
@@ -54,6 +55,7 @@ impl Dims {
     }
 
     /// Stride of each axis.
+    #[inline]
     pub(crate) fn strides(&self) -> &[i64] {
         match self {
             Dims::Inline { ndim, values } => &values[4..4 + usize::from(*ndim)],

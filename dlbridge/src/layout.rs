@@ -160,6 +160,7 @@ pub(crate) fn is_contiguous<'s>(axes: impl Iterator<Item = (&'s i64, &'s i64)>, 
 
 /// Whether no two indices of a non-empty layout reach the same element: sorted
 /// by stride, each axis must step past everything the smaller ones cover.
+#[inline(always)]
 pub(crate) fn is_non_overlapping(shape: &[i64], strides: &[i64]) -> bool {
     // Row-major contiguous, the common case: nothing to sort.
     let mut expected = 1i64;
@@ -168,9 +169,12 @@ pub(crate) fn is_non_overlapping(shape: &[i64], strides: &[i64]) -> bool {
         expected = expected.saturating_mul(d);
         matches
     });
-    if contiguous {
-        return true;
-    }
+    contiguous || strided_is_non_overlapping(shape, strides)
+}
+
+/// [`is_non_overlapping`] for any layout: the axes sorted by stride.
+#[inline(never)]
+fn strided_is_non_overlapping(shape: &[i64], strides: &[i64]) -> bool {
     let mut axes: Small<(u128, u128)> = Small::new();
     for (&d, &s) in shape.iter().zip(strides) {
         if d > 1 {

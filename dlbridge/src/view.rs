@@ -124,11 +124,13 @@ impl<'a> TensorView<'a> {
     }
 
     /// Extent of each axis.
+    #[inline]
     pub fn shape(&self) -> &[i64] {
         self.dims.shape()
     }
 
     /// Stride of each axis in elements; computed row-major when the producer sent NULL.
+    #[inline]
     pub fn strides(&self) -> &[i64] {
         self.dims.strides()
     }
@@ -192,17 +194,20 @@ impl<'a> TensorView<'a> {
     }
 
     /// Whether the elements are laid out row-major with no gaps.
+    #[inline]
     pub fn is_c_contiguous(&self) -> bool {
         is_contiguous(self.shape().iter().zip(self.strides()).rev(), self.numel)
     }
 
     /// Whether the elements are laid out column-major with no gaps.
+    #[inline]
     pub fn is_f_contiguous(&self) -> bool {
         is_contiguous(self.shape().iter().zip(self.strides()), self.numel)
     }
 
     /// Whether no two indices share an element (no zero strides over extents > 1,
     /// no interleaving). Write access needs this.
+    #[inline]
     pub fn is_non_overlapping(&self) -> bool {
         self.numel <= 1 || is_non_overlapping(self.shape(), self.strides())
     }

@@ -43,6 +43,7 @@ impl Dtype for AnyDtype {
 impl<T: Element> sealed::Sealed for T {}
 impl<T: Element> Dtype for T {
     const DTYPE: Option<DataType> = Some(T::DTYPE);
+    #[inline(always)]
     fn check_elements(view: &TensorView<'_>) -> Result<(), Error> {
         let align = core::mem::align_of::<T>();
         if view.is_empty() {
@@ -54,13 +55,19 @@ impl<T: Element> Dtype for T {
         if T::DTYPE != DataType::BOOL || !view.device().is_cpu_accessible() {
             return Ok(());
         }
-        let valid = match view.try_as_bytes() {
-            Ok(bytes) => T::bit_patterns_valid(bytes),
-            // Strided: one byte per element, read at each index.
-            Err(_) => every_byte(view, |b| T::bit_patterns_valid(&[b])),
-        };
-        if valid { Ok(()) } else { Err(Error::InvalidValues { dtype: T::DTYPE }) }
+        check_bools::<T>(view)
     }
+}
+
+/// Whether every byte of a host-readable `bool` view is a valid `bool`.
+#[inline(never)]
+fn check_bools<T: Element>(view: &TensorView<'_>) -> Result<(), Error> {
+    let valid = match view.try_as_bytes() {
+        Ok(bytes) => T::bit_patterns_valid(bytes),
+        // Strided: one byte per element, read at each index.
+        Err(_) => every_byte(view, |b| T::bit_patterns_valid(&[b])),
+    };
+    if valid { Ok(()) } else { Err(Error::InvalidValues { dtype: T::DTYPE }) }
 }
 
 /// Whether `ok` holds for the first byte of every element of a strided,
@@ -214,6 +221,7 @@ pub(crate) fn expected<T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind>() -> S
 }
 
 /// Why `view` is not what the argument asks for, or `None` when it is.
+#[inline(always)]
 pub(crate) fn mismatch<T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind>(view: &TensorView<'_>) -> Option<&'static str> {
     if T::DTYPE.is_some_and(|d| d != view.dtype()) {
         return Some("dtype");

@@ -287,6 +287,7 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
 
     /// Refuses with `refusal`, or takes the exclusive borrow of `view`'s bytes
     /// that makes it writable through this argument.
+    #[inline(always)] // as `in_place` is, and for the same reason
     fn writable_under_borrow(
         view: TensorView<'static>,
         owned: Option<Box<AnyOwned>>,
@@ -320,6 +321,7 @@ fn prepare(py: Python<'_>) {
 
 /// Why memory with this writability, provenance and layout may not be
 /// written, with what to do instead; `None` if it may.
+#[inline(always)] // as `in_place` is
 fn write_refusal(writability: Writability, copied: bool, view: &TensorView<'_>) -> Option<&'static str> {
     match writability {
         Writability::Writable => {}
@@ -341,11 +343,18 @@ fn write_refusal(writability: Writability, copied: bool, view: &TensorView<'_>) 
 }
 
 /// Refuses, with TypeError, a tensor that is not what the argument's type asks for.
+#[inline(always)] // as `in_place` is; the message is built out of line
 fn check_kind<T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind>(view: &TensorView<'_>, source: &Bound<'_, PyAny>) -> PyResult<()> {
     match kinds::mismatch::<T, D, Dev, L>(view) {
         None => Ok(()),
-        Some(_) => Err(PyTypeError::new_err(format!("expected {}, got {}", kinds::expected::<T, D, Dev, L>(), described(view, source)))),
+        Some(_) => Err(kind_error::<T, D, Dev, L>(view, source)),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn kind_error<T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind>(view: &TensorView<'_>, source: &Bound<'_, PyAny>) -> PyErr {
+    PyTypeError::new_err(format!("expected {}, got {}", kinds::expected::<T, D, Dev, L>(), described(view, source)))
 }
 
 /// A tensor whose elements cannot be read as `T` (misaligned, or bytes that

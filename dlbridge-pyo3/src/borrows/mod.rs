@@ -77,6 +77,7 @@ fn gil_build(py: Python<'_>) -> PyResult<bool> {
 
 /// The address space a view's bytes live in, as one number: all CPU-reachable
 /// memory is one space; each device's memory is another.
+#[inline(always)]
 fn space_of(view: &TensorView<'_>) -> u64 {
     let device = if view.device().is_cpu_accessible() { Device::CPU } else { view.device() };
     (u64::from(device.device_type.0 as u32) << 32) | u64::from(device.device_id as u32)
@@ -85,8 +86,13 @@ fn space_of(view: &TensorView<'_>) -> u64 {
 /// Registers a borrow of `view`'s bytes, refused with BufferError if it
 /// conflicts with a live one: a shared borrow conflicts with an exclusive one,
 /// an exclusive with any. `what` names the object, for the message.
+#[inline(always)] // the caller's view may live in registers (see `args::in_place`)
 pub(crate) fn acquire<'py>(py: Python<'py>, view: &TensorView<'_>, exclusive: bool, what: impl FnOnce() -> String) -> PyResult<Borrow<'py>> {
-    let bytes = view.byte_range();
+    acquire_bytes(py, space_of(view), view.byte_range(), exclusive, what)
+}
+
+/// [`acquire`] of bytes `bytes` of address space `space`.
+fn acquire_bytes<'py>(py: Python<'py>, space: u64, bytes: core::ops::Range<usize>, exclusive: bool, what: impl FnOnce() -> String) -> PyResult<Borrow<'py>> {
     if bytes.is_empty() {
         return Ok(Borrow { id: 0, _gil: PhantomData });
     }
@@ -99,7 +105,7 @@ pub(crate) fn acquire<'py>(py: Python<'py>, view: &TensorView<'_>, exclusive: bo
     let mut conflict = Conflict::default();
     // SAFETY: the registry's own function, with a writable out pointer, with
     // the GIL held (`py`).
-    let id = unsafe { (api().acquire)(space_of(view), bytes.start, bytes.end, c_int::from(exclusive), &mut conflict) };
+    let id = unsafe { (api().acquire)(space, bytes.start, bytes.end, c_int::from(exclusive), &mut conflict) };
     if id != 0 {
         return Ok(Borrow { id, _gil: PhantomData });
     }

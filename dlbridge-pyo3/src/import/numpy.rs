@@ -249,6 +249,7 @@ pub(crate) unsafe fn view_of(obj: &Bound<'_, PyAny>) -> PyResult<Option<(TensorV
 ///
 /// # Safety
 /// `obj` is an exact `numpy.ndarray` ([`is_exact_ndarray`]); as for [`view_of`].
+#[inline(always)] // into `args::in_place`, which says why
 pub(crate) unsafe fn view_of_exact(obj: &Bound<'_, PyAny>) -> PyResult<Option<(TensorView<'static>, bool)>> {
     // SAFETY: an exact numpy.ndarray (its type is the one the numpy module
     // exports) starts with these public fields; its descr is a live PyArray_Descr.

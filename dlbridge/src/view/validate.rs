@@ -80,6 +80,7 @@ impl<'a> TensorView<'a> {
     /// assert!(unsafe { TensorView::from_dltensor(&tensor, false) }.is_err());
     /// # Ok::<(), dlbridge::Error>(())
     /// ```
+    #[inline(always)] // as `from_byte_strides`
     pub unsafe fn from_dltensor(tensor: &DLTensor, padded: bool) -> Result<Self, Error> {
         let ndim = usize::try_from(tensor.ndim)
             .ok()
@@ -137,6 +138,9 @@ impl<'a> TensorView<'a> {
     /// assert!(view.is_f_contiguous());
     /// # Ok::<(), dlbridge::Error>(())
     /// ```
+    // Inlined, with `validate`, so that a caller's view is built where it is
+    // kept, not copied out of a returned `Result` (see dlbridge-pyo3's `in_place`).
+    #[inline(always)]
     pub unsafe fn from_byte_strides(
         data: *mut c_void,
         dtype: DataType,
@@ -166,6 +170,7 @@ impl<'a> TensorView<'a> {
     }
 
     /// The common tail of validation.
+    #[inline(always)]
     unsafe fn validate(data: *mut c_void, byte_offset: u64, parts: Parts) -> Result<Self, Error> {
         let Parts { dims, strides_were_null, dtype, device, padded } = parts;
         let (shape, strides) = (dims.shape(), dims.strides());
