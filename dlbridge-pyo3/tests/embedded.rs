@@ -147,3 +147,30 @@ fn an_extension_extracts_a_tensor_on_its_own_stream() {
         Ok(())
     })
 }
+
+/// A typed argument refuses elements it cannot read as its type: bytes that
+/// are no `bool` (contiguous, and strided, which is checked element by
+/// element) and misaligned `f32`s, with a TypeError naming the argument's type.
+#[test]
+fn typed_arguments_refuse_invalid_bools_and_misaligned_elements() {
+    with_python(|py| {
+        let locals = [("data", PyBytes::new(py, &[0, 1, 2, 0]))].into_py_dict(py)?;
+        let cast = |expr: &str| py.eval(&std::ffi::CString::new(expr).unwrap(), None, Some(&locals));
+        let refusal = |obj: &Bound<'_, PyAny>| obj.extract::<PyTensor<'_, bool>>().err().map(|e| e.to_string());
+
+        let valid: PyTensor<'_, bool> = cast("memoryview(data).cast('?')[:2]")?.extract()?;
+        assert_eq!(valid.view().len(), 2);
+        drop(valid);
+        for expr in ["memoryview(data).cast('?')", "memoryview(data).cast('?')[::2]"] {
+            let message = refusal(&cast(expr)?).unwrap_or_else(|| panic!("{expr}: a byte 2 is no bool"));
+            assert!(message.starts_with("TypeError: expected a bool tensor"), "{expr}: {message}");
+        }
+        let strided_valid = cast("memoryview(data).cast('?')[::3]")?; // bytes 0 and 0
+        assert!(refusal(&strided_valid).is_none());
+
+        let misaligned = py.eval(c"memoryview(bytearray(20))[1:17].cast('f')", None, None)?;
+        let message = misaligned.extract::<PyTensor<'_, f32>>().err().expect("misaligned f32").to_string();
+        assert!(message.starts_with("TypeError: expected a float32 tensor"), "{message}");
+        Ok(())
+    })
+}

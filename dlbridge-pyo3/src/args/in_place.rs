@@ -27,11 +27,9 @@ pub(super) struct InPlace {
 /// # Safety
 /// The view reads `source`'s memory: the caller keeps `source` alive for as
 /// long as it uses the view, and takes a registry borrow before reading.
-// Inlined, with everything up to the argument's construction (the view's
-// validation, the kind and write checks): a view returned or passed across a
-// call is copied through memory, and a copy that reads bytes just stored in
-// narrower pieces waits for them to retire (no store forwarding). Each such
-// layer cost 10-15 ns of a 110 ns NumPy argument (`./dev bench --ext-only`).
+// Inlined, as is everything up to the argument's construction: a view
+// returned across a call is copied through memory, and a copy that reads
+// bytes just stored in narrower pieces waits for them (no store forwarding).
 #[inline(always)]
 pub(super) unsafe fn in_place(source: &Bound<'_, PyAny>, requested: Option<i64>, fill: bool) -> PyResult<Option<InPlace>> {
     if let Ok(tensor) = source.cast_exact::<TensorObject>() {

@@ -138,8 +138,8 @@ impl<'a> TensorView<'a> {
     /// assert!(view.is_f_contiguous());
     /// # Ok::<(), dlbridge::Error>(())
     /// ```
-    // Inlined, with `validate`, so that a caller's view is built where it is
-    // kept, not copied out of a returned `Result` (see dlbridge-pyo3's `in_place`).
+    // Inlined, with `validate`: the view is built where the caller keeps it.
+    // Copied out of a returned `Result`, its fresh narrow stores stall the copy.
     #[inline(always)]
     pub unsafe fn from_byte_strides(
         data: *mut c_void,
