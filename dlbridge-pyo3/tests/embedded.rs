@@ -63,7 +63,6 @@ fn tensor_exports_and_reimports_through_a_capsule() {
     })
 }
 
-
 #[test]
 fn imports_from_python_cannot_be_written_without_an_exclusive_borrow() {
     with_python(|py| {

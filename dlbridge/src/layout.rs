@@ -243,7 +243,6 @@ mod tests {
         assert_eq!(byte_strides(&[3, -1], 8).collect::<Vec<_>>(), vec![24, -8]);
     }
 
-
     #[test]
     fn extents() {
         assert_eq!(element_extent(&[2, 3], &[-3, 1]), Some((-3, 2)));

@@ -58,7 +58,6 @@ unsafe impl Send for TensorView<'_> {}
 // SAFETY: as above; no method mutates through `&self`.
 unsafe impl Sync for TensorView<'_> {}
 
-
 impl<'a> TensorView<'a> {
     /// The view of a layout already proven to lie in a live allocation
     /// (an export of Rust memory), without validating it again: `numel`

@@ -117,13 +117,9 @@ impl<'a> TensorViewMut<'a> {
     /// # Safety
     /// As [`TensorView::as_slice_unchecked`].
     pub unsafe fn as_slice_mut_unchecked<T: Element>(&mut self) -> &mut [T] {
-        let len = self.view.len();
-        if len == 0 {
-            return &mut [];
-        }
-        // SAFETY: as in `into_slice_mut_unchecked`; the slice borrows `self`
-        // mutably, so it is the only path to the bytes while it lives.
-        unsafe { core::slice::from_raw_parts_mut(self.as_mut_ptr().cast::<T>(), len) }
+        // SAFETY: forwarded from the caller; the slice borrows `self` mutably,
+        // so it is the only path to the bytes while it lives.
+        unsafe { slice_mut_of(&self.view) }
     }
 
     /// A mutable view for as long as `self` is borrowed mutably.
@@ -136,14 +132,24 @@ impl<'a> TensorViewMut<'a> {
     ///
     /// # Safety
     /// As [`TensorView::as_slice_unchecked`].
-    pub unsafe fn into_slice_mut_unchecked<T: Element>(mut self) -> &'a mut [T] {
-        let len = self.view.len();
-        if len == 0 {
-            return &mut [];
-        }
-        // SAFETY: the caller's promise covers the layout, type, alignment and
-        // values; `TensorViewMut`'s construction proved the memory writable and
-        // unaliased for 'a, and `self` is given up, so this is the only borrow.
-        unsafe { core::slice::from_raw_parts_mut(self.as_mut_ptr().cast::<T>(), len) }
+    pub unsafe fn into_slice_mut_unchecked<T: Element>(self) -> &'a mut [T] {
+        // SAFETY: forwarded from the caller; `self` is given up: the only borrow.
+        unsafe { slice_mut_of(&self.view) }
     }
+}
+
+/// The elements of a writable view as a mutable slice, for `'b`.
+///
+/// # Safety
+/// As [`TensorView::as_slice_unchecked`] (layout, type, alignment, values);
+/// `view` belongs to a [`TensorViewMut`] (writable, unaliased memory) of which
+/// the result is the only path to the bytes for `'b`, and those bytes stay
+/// valid for `'b`.
+unsafe fn slice_mut_of<'b, T: Element>(view: &TensorView<'_>) -> &'b mut [T] {
+    let len = view.len();
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: per the caller.
+    unsafe { core::slice::from_raw_parts_mut(view.ptr.cast_mut().cast::<T>(), len) }
 }

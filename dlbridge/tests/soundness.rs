@@ -80,6 +80,18 @@ fn reborrowed_view_reads_what_was_written() {
     assert_eq!(done.as_slice::<f32>(), Some(&[9.0, 8.0, 1.0, 1.0][..]));
 }
 
+#[test]
+fn a_writable_view_given_up_writes_the_owner() {
+    let mut t = OwnedTensor::from_vec(vec![1.0f32; 4], &[4]).unwrap();
+    // SAFETY: a C-contiguous float32 view of an owner that outlives the slice.
+    let slice = unsafe { t.try_view_mut().unwrap().into_slice_mut_unchecked::<f32>() };
+    slice[3] = 7.0;
+    assert_eq!(t.view().as_slice::<f32>(), Some(&[1.0, 1.0, 1.0, 7.0][..]));
+    let mut empty = OwnedTensor::from_vec(Vec::<f32>::new(), &[0]).unwrap();
+    // SAFETY: as above; no elements.
+    assert!(unsafe { empty.try_view_mut().unwrap().into_slice_mut_unchecked::<f32>() }.is_empty());
+}
+
 fn fp4() -> DataType {
     DataType::new(DataTypeCode::FLOAT4_E2M1FN, 4, 1)
 }
