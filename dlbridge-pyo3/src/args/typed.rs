@@ -28,6 +28,18 @@ impl<'py, T: Element, D: Rank> PyTensorMut<'py, T, D, Cpu, CContiguous> {
     }
 
     /// The elements, in order, to write: seen in the caller's own object.
+    /// A slice read before cannot be kept across it:
+    ///
+    /// ```compile_fail,E0502
+    /// use dlbridge_pyo3::{AnyRank, CContiguous, Cpu, PyTensorMut};
+    ///
+    /// fn alias(x: &mut PyTensorMut<'_, f32, AnyRank, Cpu, CContiguous>) {
+    ///     let shared: &[f32] = x.as_slice();
+    ///     let unique: &mut [f32] = x.as_slice_mut();
+    ///     unique[0] = 9.0;
+    ///     println!("{}", shared[0]);
+    /// }
+    /// ```
     pub fn as_slice_mut(&mut self) -> &mut [T] {
         // SAFETY: as for `as_slice`; the writable view is the only path to the
         // bytes while `&mut self` is borrowed.
