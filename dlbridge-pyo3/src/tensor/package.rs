@@ -19,6 +19,7 @@ use dlbridge::{Owned, OwnedLegacyTensor, OwnedTensor};
 use pyo3::exceptions::{PyImportError, PySystemError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
 use pyo3::{ffi, intern, IntoPyObject};
 
 use super::{Tensor, TensorObject};
@@ -92,38 +93,54 @@ pub(crate) fn publish(module: &Bound<'_, PyModule>) -> PyResult<()> {
 /// Looks the package's table up now (an import, the first time), before an
 /// argument's pointers are taken.
 pub(crate) fn prepare_package_api(py: Python<'_>) {
-    let _ = package_api(py);
+    let _ = package(py);
 }
 
-/// The package's table, if the package is installed, speaks this ABI, and is
-/// not this extension itself. Looked up once per process.
-fn package_api(py: Python<'_>) -> Option<&'static TensorApi> {
-    static API: PyOnceLock<Option<&'static TensorApi>> = PyOnceLock::new();
-    *API.get_or_init(py, || {
-        let found = (|| -> PyResult<Option<&'static TensorApi>> {
-            let capsule = py.import(intern!(py, "dlbridge._native"))?.getattr(intern!(py, "_TENSOR_API"))?;
-            // SAFETY: a name check on a live object; IsValid never raises.
-            if unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), CAPSULE.as_ptr()) } != 1 {
-                return Ok(None);
-            }
-            // SAFETY: a capsule of this name, just checked; no exception is possible.
-            let table = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE.as_ptr()).cast::<TensorApi>() };
-            // SAFETY: a valid capsule of this name holds a table that lives as
-            // long as the process (extension modules are never unloaded) and
-            // starts with its major and size, read before anything larger.
-            let [major, size] = unsafe { table.cast::<[u32; 2]>().read() };
-            if major != ABI_MAJOR || (size as usize) < core::mem::size_of::<TensorApi>() {
-                return Ok(None);
-            }
-            // SAFETY: as above; the table has every field this version reads.
-            let table = unsafe { &*table };
-            Ok((!core::ptr::eq(table, &OWN)).then_some(table))
-        })();
-        found.unwrap_or_else(|err| {
-            drop(err);
-            None
+/// The package as another extension finds it: its table, and its `Tensor`
+/// class, so that arguments of any other type skip the call into it.
+struct Package {
+    api: &'static TensorApi,
+    /// `dlbridge._native.Tensor`: only its exact instances are described.
+    tensor_type: Py<PyType>,
+}
+
+/// The package, if it is installed, speaks this ABI, and is not this
+/// extension itself. Looked up once per process.
+fn package(py: Python<'_>) -> Option<&'static Package> {
+    static PACKAGE: PyOnceLock<Option<Package>> = PyOnceLock::new();
+    PACKAGE
+        .get_or_init(py, || {
+            let found = (|| -> PyResult<Option<Package>> {
+                let module = py.import(intern!(py, "dlbridge._native"))?;
+                let capsule = module.getattr(intern!(py, "_TENSOR_API"))?;
+                // SAFETY: a name check on a live object; IsValid never raises.
+                if unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), CAPSULE.as_ptr()) } != 1 {
+                    return Ok(None);
+                }
+                // SAFETY: a capsule of this name, just checked; no exception is possible.
+                let table = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE.as_ptr()).cast::<TensorApi>() };
+                // SAFETY: a valid capsule of this name holds a table that lives as
+                // long as the process (extension modules are never unloaded) and
+                // starts with its major and size, read before anything larger.
+                let [major, size] = unsafe { table.cast::<[u32; 2]>().read() };
+                if major != ABI_MAJOR || (size as usize) < core::mem::size_of::<TensorApi>() {
+                    return Ok(None);
+                }
+                // SAFETY: as above; the table has every field this version reads.
+                let api = unsafe { &*table };
+                if core::ptr::eq(api, &OWN) {
+                    return Ok(None);
+                }
+                // A rebound attribute only makes `describe` unasked: its own check decides.
+                let tensor_type = module.getattr(intern!(py, "Tensor"))?.cast_into::<PyType>()?.unbind();
+                Ok(Some(Package { api, tensor_type }))
+            })();
+            found.unwrap_or_else(|err| {
+                drop(err);
+                None
+            })
         })
-    })
+        .as_ref()
 }
 
 /// A module of the `dlbridge` Python package, for what only the package
@@ -150,8 +167,8 @@ impl<'py> IntoPyObject<'py> for Tensor {
     /// An instance of the `dlbridge` package's `Tensor` class when the package
     /// is there, else of this extension's own.
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        match package_api(py) {
-            Some(api) => hand_over(py, api, self),
+        match package(py) {
+            Some(package) => hand_over(py, package.api, self),
             None => Ok(Bound::new(py, TensorObject(self))?.into_any()),
         }
     }
@@ -227,7 +244,11 @@ pub(crate) struct PackageTensor {
 /// for anything else, or without the package.
 pub(crate) fn describe_package_tensor(obj: &Bound<'_, PyAny>, requested: Option<i64>) -> PyResult<Option<PackageTensor>> {
     let py = obj.py();
-    let Some(api) = package_api(py) else { return Ok(None) };
+    let Some(Package { api, tensor_type }) = package(py) else { return Ok(None) };
+    // SAFETY: reading the type of a live object.
+    if unsafe { ffi::Py_TYPE(obj.as_ptr()) } != tensor_type.as_ptr().cast() {
+        return Ok(None);
+    }
     let mut out = core::mem::MaybeUninit::<Described>::uninit();
     // SAFETY: the package's function, with a live object, a writable out
     // struct and the GIL held.
