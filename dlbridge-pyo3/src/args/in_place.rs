@@ -1,7 +1,8 @@
 //! Where an argument's memory is read without an export or an allocation:
 //! a dlbridge `Tensor` (its own view, or the package's description of one of
-//! its class), an exact NumPy array (its struct), or, for reads, a producer's
-//! exchange-table fill. Anything else is imported.
+//! its class), an exact NumPy array (its struct), or a producer's
+//! exchange-table fill (for writes, only where the producer's exports say
+//! writable without asking it, as torch's do). Anything else is imported.
 
 use dlbridge::TensorView;
 use pyo3::prelude::*;
@@ -16,13 +17,14 @@ use crate::writability::Writability;
 pub(super) struct InPlace {
     pub(super) view: TensorView<'static>,
     pub(super) ready: Option<i64>,
-    /// What the producer said of writes (a fill says nothing: Unknown).
+    /// What the producer says of writes (of a fill, what its export would say).
     pub(super) writability: Writability,
 }
 
 /// `source`'s memory in place, if it can be read so; `None` leaves it to the
-/// owned import. The exchange table's fill, which says nothing of
-/// writability, is tried only when `fill` is set.
+/// owned import. For writes, a fill is tried only if its writability is
+/// known without an export (see `exchange::guard`): an owned import reads
+/// the producer's flags.
 ///
 /// # Safety
 /// The view reads `source`'s memory: the caller keeps `source` alive for as
@@ -31,7 +33,7 @@ pub(super) struct InPlace {
 // returned across a call is copied through memory, and a copy that reads
 // bytes just stored in narrower pieces waits for them (no store forwarding).
 #[inline(always)]
-pub(super) unsafe fn in_place(source: &Bound<'_, PyAny>, requested: Option<i64>, fill: bool) -> PyResult<Option<InPlace>> {
+pub(super) unsafe fn in_place(source: &Bound<'_, PyAny>, requested: Option<i64>, for_writes: bool) -> PyResult<Option<InPlace>> {
     if let Ok(tensor) = source.cast_exact::<TensorObject>() {
         let tensor = tensor.get();
         let ready = tensor.lend_stream(requested)?;
@@ -56,13 +58,14 @@ pub(super) unsafe fn in_place(source: &Bound<'_, PyAny>, requested: Option<i64>,
             return Ok(Some(InPlace { view, ready, writability }));
         }
     }
-    if fill {
-        if let Some(table) = exchange::lookup(source) {
+    if let Some(table) = exchange::lookup(source) {
+        let writability = table.guard.fill_writability();
+        if !for_writes || writability.is_writable() {
             if let Some((dl, ready)) = exchange::fill_borrowed(source, table)? {
                 // SAFETY: the fill describes `source`'s memory (forwarded from the
                 // caller); one that does not validate is left for the owned import.
                 if let Ok(view) = unsafe { TensorView::from_dltensor(&dl, false) } {
-                    return Ok(Some(InPlace { view, ready, writability: Writability::Unknown }));
+                    return Ok(Some(InPlace { view, ready, writability }));
                 }
             }
         }

@@ -151,7 +151,7 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensor<'py, T, D,
         let requested = stream.map(Stream::value);
         // SAFETY: the view reads the source's memory, which `source` keeps
         // alive for as long as this PyTensor; the view never outlives it.
-        if let Some(InPlace { view, ready, .. }) = unsafe { in_place(&source, requested, true) }? {
+        if let Some(InPlace { view, ready, .. }) = unsafe { in_place(&source, requested, false) }? {
             // On ROCm only `__dlpack__` can order the producer's work before a stream.
             let orderable = requested.is_none() || view.device().device_type != DeviceType::ROCM;
             if orderable {
@@ -262,12 +262,12 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
     fn extract_with(obj: &Bound<'py, PyAny>, stream: Option<Stream>) -> PyResult<Self> {
         prepare(obj.py());
         let source = obj.clone();
-        // A NumPy array or a dlbridge Tensor is written in place (host memory,
-        // or a Tensor's own: no stream to settle unless asked for one).
+        // A NumPy array, a dlbridge Tensor or a torch tensor is written in
+        // place: no stream to settle unless asked for one.
         if stream.is_none() {
             // SAFETY: the view reads the source's memory, which `source` keeps
             // alive for as long as this PyTensorMut; the view never outlives it.
-            if let Some(InPlace { view, ready, writability }) = unsafe { in_place(&source, None, false) }? {
+            if let Some(InPlace { view, ready, writability }) = unsafe { in_place(&source, None, true) }? {
                 check_kind::<T, D, Dev, L>(&view, &source)?;
                 wait_for_argument(view.device(), ready, None)?;
                 // A Tensor's IS_COPIED says how it was made: writes to it reach all who hold it.

@@ -1,9 +1,12 @@
 //! The checks a producer's `__dlpack__` makes that its exchange table skips,
-//! and when to make them.
+//! and when to make them; and what its `__dlpack__` says that its fill cannot.
 //!
 //! torch's `__dlpack__` refuses tensors that require grad and tensors with the
 //! conjugate bit; its table does not, so [`Guard::Torch`] asks torch here (and
 //! refuses the negative bit too, whose data DLPack would carry un-negated).
+//! A fill carries no flags; torch's versioned exports never set READ_ONLY or
+//! IS_COPIED unless the consumer asks (`read_only=True`, `copy=True`), so a
+//! torch fill is as writable as its export would say.
 //!
 //! Asking runs Python whenever torch dispatches `__torch_function__` (a
 //! subclass that overrides it, a torch function mode), and that code may free
@@ -18,6 +21,8 @@ use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 use pyo3::{ffi, intern};
+
+use crate::writability::Writability;
 
 /// Checks a producer's `__dlpack__` makes that its table does not.
 #[derive(Clone, Copy, Debug)]
@@ -72,6 +77,15 @@ pub(super) fn torch_checks(ty: &Bound<'_, PyType>) -> Option<&'static TorchCheck
 }
 
 impl Guard {
+    /// What the producer's versioned export would say of writes to the tensor
+    /// its fill describes: Writable for torch (see above), else Unknown.
+    pub(crate) fn fill_writability(self) -> Writability {
+        match self {
+            Guard::Torch(_) => Writability::Writable,
+            Guard::None => Writability::Unknown,
+        }
+    }
+
     /// Takes a tensor with `take` (an export or a fill) after the checks, as
     /// torch's `__dlpack__` would: `requires_grad` and the negative bit first;
     /// then, if what was taken is complex, it is dropped, the conjugate bit is

@@ -2,6 +2,7 @@
 own object."""
 
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -156,3 +157,64 @@ def test_a_tensor_made_by_copying_is_still_written_in_place():
     u = dlbridge.from_dlpack(np.zeros(2, np.uint8), copy=True)
     _native._read_then_write(np.zeros(1, np.uint8), u)  # the package's own class, in place
     assert u.is_copied and u.tolist() == [1, 1]
+
+
+def torch_tensors_of_every_provenance():
+    """torch tensors whose memory a reader might expect torch to call read-only or copied: from a
+    read-only NumPy array, from immutable bytes, made in inference mode, a copy-on-write clone."""
+    ro = np.arange(3, dtype=np.float32)
+    ro.flags.writeable = False
+    with torch.inference_mode():
+        inference = torch.ones(3)
+    with warnings.catch_warnings():  # torch warns, once, that it will treat these as writable
+        warnings.simplefilter("ignore", UserWarning)
+        from_ro = torch.from_numpy(ro)
+        from_bytes = torch.frombuffer(bytes(12), dtype=torch.float32)  # a fresh object nothing shares
+    return {"plain": torch.ones(3), "read-only numpy": from_ro, "bytes": from_bytes, "inference": inference,
+            "lazy clone": torch._lazy_clone(torch.ones(3))}
+
+
+def test_torch_exports_say_writable_unless_asked():
+    """What a writable torch argument rests on: it is filled through torch's table, which carries no
+    flags, and taken as writable because torch's versioned exports never set READ_ONLY or IS_COPIED
+    unless the consumer asks. If a torch release starts to, this fails, and the fill must stop
+    being taken for writes (exchange/guard.rs, `fill_writability`)."""
+    from dlpack_ctypes import IS_COPIED, READ_ONLY, read_capsule
+
+    for name, t in torch_tensors_of_every_provenance().items():
+        flags = read_capsule(t.__dlpack__(max_version=(1, 0))).flags
+        assert flags & (READ_ONLY | IS_COPIED) == 0, name
+        asked = read_capsule(t.__dlpack__(max_version=(1, 0), read_only=True)).flags
+        assert asked & READ_ONLY, f"{name}: torch no longer marks an export read-only when asked"
+
+
+def test_a_torch_tensor_is_written_in_place_as_its_export_allows():
+    """Each kind is written in place as through torch's own export. A copy-on-write clone gets
+    its own memory before the write (the fill materialises it, as the export does), so what it was
+    cloned from is untouched; torch's refusals and the negative bit still refuse."""
+    for name, t in torch_tensors_of_every_provenance().items():
+        before = t.clone()
+        scale_inplace.scale(t, 2.0)
+        assert torch.equal(t, before * 2), name
+    base = torch.arange(4, dtype=torch.float32)
+    clone = torch._lazy_clone(base)
+    scale_inplace.scale(clone, 10.0)
+    assert base.tolist() == [0, 1, 2, 3]
+    assert clone.tolist() == [0, 10, 20, 30]
+    with pytest.raises(BufferError, match="require gradient"):
+        scale_inplace.scale(torch.ones(3, requires_grad=True), 2.0)
+    neg = torch.tensor([1.0, -2.0])._neg_view()
+    with pytest.raises(BufferError, match="negative bit"):
+        scale_inplace.scale(neg, 2.0)
+    with pytest.raises(BufferError, match="overlap"):
+        scale_inplace.scale(torch.ones(1).expand(4), 2.0)
+    from dlbridge import _native
+
+    x = torch.zeros(4, dtype=torch.uint8)
+    with pytest.raises(BufferError):
+        _native._read_then_write(x, x)  # one tensor, read and written by one call
+    with pytest.raises(BufferError):
+        _native._read_then_write(x[:3], x[2:])
+    assert x.tolist() == [0] * 4, "nothing was written through a refused borrow"
+    _native._read_then_write(x[:2], x[2:])
+    assert x.tolist() == [0, 0, 1, 1]
