@@ -153,7 +153,8 @@ fn ready_stream(obj: &Bound<'_, PyAny>, table: Table, device: Device) -> Result<
 /// contract) zero with a Python exception left set. Either way the exception
 /// is cleared, so that `__dlpack__` can raise the producer's own.
 fn failed(py: Python<'_>, rc: core::ffi::c_int) -> bool {
-    let pending = PyErr::take(py).is_some();
+    // SAFETY: with the GIL; only asks whether an exception is set.
+    let pending = unsafe { !ffi::PyErr_Occurred().is_null() } && PyErr::take(py).is_some();
     rc != 0 || pending
 }
 

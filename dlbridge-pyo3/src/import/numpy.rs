@@ -207,9 +207,11 @@ pub(crate) fn is_exact_ndarray(obj: &Bound<'_, PyAny>) -> bool {
     }
     // Cheap pre-filter before asking sys.modules: only a type with NumPy's name
     // can be NumPy's type (a name proves nothing; identity decides).
-    // SAFETY: `tp_name` of a live type is a NUL-terminated string.
-    let name = unsafe { core::ffi::CStr::from_ptr((*ty).tp_name) };
-    if name.to_bytes() != b"numpy.ndarray" {
+    // SAFETY: `tp_name` of a live type is a NUL-terminated string, read up
+    // to its first byte that differs (no strlen: this runs for every argument
+    // of a process that has not passed an array yet).
+    let named = b"numpy.ndarray\0".iter().enumerate().all(|(i, &b)| unsafe { *(*ty).tp_name.add(i) } as u8 == b);
+    if !named {
         return false;
     }
     match imported_ndarray_type(obj.py()) {
