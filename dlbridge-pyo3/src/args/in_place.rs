@@ -2,7 +2,7 @@
 //! a dlbridge `Tensor` (its own view, or the package's description of one of
 //! its class), an exact NumPy array (its struct), or a producer's
 //! exchange-table fill (for writes, only where the producer's exports say
-//! writable without asking it, as torch's do). Anything else is imported.
+//! writable without asking it, as `torch.Tensor`'s do). Anything else is imported.
 
 use dlbridge::TensorView;
 use pyo3::prelude::*;
@@ -59,7 +59,7 @@ pub(super) unsafe fn in_place(source: &Bound<'_, PyAny>, requested: Option<i64>,
         }
     }
     if let Some(table) = exchange::lookup(source) {
-        let writability = table.guard.fill_writability();
+        let writability = table.fill_writability;
         if !for_writes || writability.is_writable() {
             if let Some((dl, ready)) = exchange::fill_borrowed(source, table)? {
                 // SAFETY: the fill describes `source`'s memory (forwarded from the

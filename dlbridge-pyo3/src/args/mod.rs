@@ -192,7 +192,9 @@ impl<'a, 'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> FromPyObject<'a
 /// memory writable: READ_ONLY set, a read-only buffer, an array interface with
 /// `readonly=True`, a legacy capsule (whose writability is unknown), or
 /// elements that overlap (broadcasts) are all refused, and so is memory that
-/// another argument of the same call already borrows.
+/// another argument of the same call already borrows. A torch tensor is
+/// written as torch's own export would allow (writable, even over a read-only
+/// NumPy array's memory, as torch itself treats it).
 ///
 /// ```no_run
 /// use dlbridge_pyo3::{AnyRank, CContiguous, Cpu, PyTensorMut};
@@ -270,7 +272,9 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
             if let Some(InPlace { view, ready, writability }) = unsafe { in_place(&source, None, true) }? {
                 check_kind::<T, D, Dev, L>(&view, &source)?;
                 wait_for_argument(view.device(), ready, None)?;
-                // A Tensor's IS_COPIED says how it was made: writes to it reach all who hold it.
+                // In place, nothing was copied: a Tensor's IS_COPIED says how it was
+                // made (writes reach all who hold it), and torch.Tensor's table
+                // sets it only when asked to copy (exchange/guard.rs).
                 let refusal = write_refusal(writability, false, &view);
                 return Self::writable_under_borrow(view, None, source, ready, refusal);
             }

@@ -23,6 +23,7 @@ use pyo3::{ffi, intern};
 
 use super::guard::{torch_checks, Guard};
 use super::EXCHANGE_API_CAPSULE_NAME;
+use crate::writability::Writability;
 
 /// A type's exchange table and the checks to make before using it.
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +32,9 @@ pub struct Table {
     pub api: &'static DLPackExchangeAPI,
     /// What to check first.
     pub guard: Guard,
+    /// What the producer's export would say of writes to what the table's
+    /// fill describes (a fill carries no flags): see `guard.rs`.
+    pub fill_writability: Writability,
 }
 
 /// The newest table in a chain whose major version this crate speaks.
@@ -82,7 +86,8 @@ fn find(ty: &Bound<'_, PyType>) -> Option<Table> {
         Some(checks) => Guard::Torch(checks),
         None => Guard::None,
     };
-    Some(Table { api, guard })
+    let fill_writability = guard.fill_writability(&publisher);
+    Some(Table { api, guard, fill_writability })
 }
 
 thread_local! {
@@ -192,8 +197,9 @@ pub(crate) fn import_owned(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Opt
 
 /// Non-owning fill through a producer's table, for a tensor borrowed during a
 /// call, with the stream its data is ready on (the producer's current work
-/// stream: launch on it, or make another stream wait on it). `Ok(None)` means
-/// "import it owned instead", as for [`import_owned`].
+/// stream: launch on it, or make another stream wait on it; on ROCm too, as
+/// no stream is named). `Ok(None)` means "import it owned instead": no fill
+/// function, a failed fill, or no current work stream.
 pub(crate) fn fill_borrowed(obj: &Bound<'_, PyAny>, table: Table) -> PyResult<Option<(DLTensor, Option<i64>)>> {
     let Some(fill) = table.api.dltensor_from_py_object_no_sync else { return Ok(None) };
     let take = || {

@@ -4,9 +4,12 @@
 //! torch's `__dlpack__` refuses tensors that require grad and tensors with the
 //! conjugate bit; its table does not, so [`Guard::Torch`] asks torch here (and
 //! refuses the negative bit too, whose data DLPack would carry un-negated).
-//! A fill carries no flags; torch's versioned exports never set READ_ONLY or
-//! IS_COPIED unless the consumer asks (`read_only=True`, `copy=True`), so a
-//! torch fill is as writable as its export would say.
+//! A fill carries no flags. The exports of `torch.Tensor`'s own table never
+//! set READ_ONLY or IS_COPIED (`__dlpack__` does only when the consumer asks:
+//! `read_only=True`, `copy=True`, a `dl_device` that needs a copy), so its
+//! fill is taken as writable, as its export would say. A subclass that
+//! publishes a table of its own gets no such trust: torch's
+//! `ReadOnlyTensorWrapper` publishes one whose exports are read-only.
 //!
 //! Asking runs Python whenever torch dispatches `__torch_function__` (a
 //! subclass that overrides it, a torch function mode), and that code may free
@@ -38,6 +41,8 @@ pub enum Guard {
 /// They dispatch to `__torch_function__` themselves, as attribute access would.
 #[derive(Debug)]
 pub struct TorchChecks {
+    /// `torch.Tensor` itself, whose own table's fills are writable.
+    tensor_type: Py<PyType>,
     requires_grad: Py<PyAny>,
     is_conj: Py<PyAny>,
     is_neg: Py<PyAny>,
@@ -50,6 +55,7 @@ impl TorchChecks {
         *CHECKS.get_or_init(py, || {
             let get = |name| tensor_type.getattr(name).ok().map(Bound::unbind);
             let checks = TorchChecks {
+                tensor_type: tensor_type.clone().unbind(),
                 requires_grad: get(intern!(py, "requires_grad"))?,
                 is_conj: get(intern!(py, "is_conj"))?,
                 is_neg: get(intern!(py, "is_neg"))?,
@@ -77,12 +83,13 @@ pub(super) fn torch_checks(ty: &Bound<'_, PyType>) -> Option<&'static TorchCheck
 }
 
 impl Guard {
-    /// What the producer's versioned export would say of writes to the tensor
-    /// its fill describes: Writable for torch (see above), else Unknown.
-    pub(crate) fn fill_writability(self) -> Writability {
+    /// What the versioned export of `publisher`'s table would say of writes to
+    /// the tensor its fill describes: Writable for `torch.Tensor`'s own table
+    /// (see above), else Unknown.
+    pub(crate) fn fill_writability(self, publisher: &Bound<'_, PyAny>) -> Writability {
         match self {
-            Guard::Torch(_) => Writability::Writable,
-            Guard::None => Writability::Unknown,
+            Guard::Torch(checks) if publisher.is(checks.tensor_type.bind(publisher.py())) => Writability::Writable,
+            _ => Writability::Unknown,
         }
     }
 

@@ -2,7 +2,8 @@
 //!
 //! - `consumer.rs`: finding another type's table, and importing through it
 //!   exactly as that type's `__dlpack__` would (or not at all);
-//! - `guard.rs`: the checks a table skips (torch's), and when to make them.
+//! - `guard.rs`: the checks a table skips (torch's), and when to make them;
+//!   and whether its fill may be written (its export would say so).
 //!
 //! dlbridge's own table, which `dlbridge.Tensor` publishes, is in
 //! `tensor/exchange_table.rs`.

@@ -131,7 +131,8 @@ fn package(py: Python<'_>) -> Option<&'static Package> {
                 if core::ptr::eq(api, &OWN) {
                     return Ok(None);
                 }
-                // A rebound attribute only makes `describe` unasked: its own check decides.
+                // A rebound class only leaves `describe` unasked (its own check
+                // decides); a missing one means no package to hand tensors to.
                 let tensor_type = module.getattr(intern!(py, "Tensor"))?.cast_into::<PyType>()?.unbind();
                 Ok(Some(Package { api, tensor_type }))
             })();

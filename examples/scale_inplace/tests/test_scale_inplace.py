@@ -218,3 +218,21 @@ def test_a_torch_tensor_is_written_in_place_as_its_export_allows():
     assert x.tolist() == [0] * 4, "nothing was written through a refused borrow"
     _native._read_then_write(x[:2], x[2:])
     assert x.tolist() == [0, 0, 1, 1]
+
+
+def test_a_torch_subclass_with_a_read_only_table_is_not_written():
+    """Only torch.Tensor's own table is taken as writable: torch's ReadOnlyTensorWrapper publishes a
+    table of its own whose exports are read-only (and whose fill does not materialise a copy-on-write
+    clone). With its hooks switched off, torch's checks pass; the write must still be refused, and
+    the tensor the clone shares memory with left as it was."""
+    from torch.utils.dlpack import ReadOnlyTensorWrapper
+
+    base = torch.arange(4, dtype=torch.float32)
+    wrapped = ReadOnlyTensorWrapper(torch._lazy_clone(base))
+    for hooks_off in (torch._C.DisableTorchFunctionSubclass, torch._C.DisableTorchFunction):
+        with hooks_off(), pytest.raises(BufferError, match="read-only"):
+            scale_inplace.scale(wrapped, 10.0)
+    assert base.tolist() == [0, 1, 2, 3]
+    with pytest.raises(BufferError, match="read-only"):
+        scale_inplace.scale(wrapped, 10.0)
+    assert scale_inplace.total(wrapped) == 6.0
