@@ -1,6 +1,7 @@
 """NumPy's low-precision dtypes from ml_dtypes, both ways through dlbridge, where NumPy's own DLPack
 refuses them: zero-copy (checked by pointer) and bit for bit."""
 
+import os
 import subprocess
 import sys
 
@@ -145,6 +146,35 @@ def test_an_impostor_ml_dtypes_module_is_not_trusted():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:3] == ["refused", "[42, 42, 42, 42]", "bfloat16"]
+
+
+def test_python_run_by_the_ml_dtypes_lookup_cannot_free_what_the_import_reads():
+    # The first bfloat16 array makes dlbridge read ml_dtypes' types from sys.modules, which runs
+    # Python. A fake module's __getattr__ that changed the array's dtype there freed the descr the
+    # import had already read (a crash under PYTHONMALLOC=malloc, else stale bytes). The lookup now
+    # runs before any field is read: the array is imported as what it has become.
+    code = (
+        "import sys, numpy as np, ml_dtypes, dlbridge\n"
+        "real = ml_dtypes\n"
+        "d = np.dtype(ml_dtypes.bfloat16).newbyteorder('=')\n"
+        "a = np.zeros(4, dtype=ml_dtypes.bfloat16).view(d)\n"
+        "del d  # the array holds the only reference to its dtype\n"
+        "class Fake:\n"
+        "    def __getattr__(self, name):\n"
+        "        if a.dtype != np.uint16:\n"
+        "            a.dtype = np.uint16\n"
+        "            junk = [bytes(100) for _ in range(50)]\n"
+        "        return getattr(real, name)\n"
+        "sys.modules['ml_dtypes'] = Fake()\n"
+        "t = dlbridge.from_dlpack(a)\n"
+        "print(t.dtype, t.tolist(), t.data_ptr == a.ctypes.data)\n"
+        "sys.modules['ml_dtypes'] = real\n"
+        "print(dlbridge.from_dlpack(np.ones(2, ml_dtypes.bfloat16)).dtype)\n"
+    )
+    env = dict(os.environ, PYTHONMALLOC="malloc")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["uint16 [0, 0, 0, 0] True", "bfloat16"]
 
 
 @pytest.mark.parametrize("writability", ["unknown", "readonly", "writable"])

@@ -2,9 +2,10 @@
 //! instead of a capsule, giving the tensor `__dlpack__` would give (READ_ONLY
 //! when not writeable) without NumPy's allocation and deleter.
 //!
-//! The type is recognised by identity with `numpy.ndarray` taken from the
-//! imported `numpy` module, never by name: any class may call itself
-//! "numpy.ndarray", and its memory is not NumPy's struct.
+//! The type is recognised without asking any module, which Python code can
+//! rebind: it is the static type named "numpy.ndarray" (any class may take
+//! that name, but only C code makes a static type) whose instances are at
+//! least NumPy's struct.
 //!
 //! NumPy's `__dlpack__` refuses `ml_dtypes`' types (bfloat16, float8, float6,
 //! float4, int4, ...); this path recognises them by their scalar type object,
@@ -17,7 +18,6 @@ use core::sync::atomic::{AtomicPtr, Ordering};
 use dlbridge::{DataType, Device, TensorView};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::Borrowed;
 
 use crate::any_owned::{AnyOwned, ObjectTensor};
 use crate::errors::IntoPyResult;
@@ -101,12 +101,11 @@ const ML_DTYPES: [(&str, DataType); 19] = {
 };
 
 /// One `ml_dtypes` type as NumPy describes it: its scalar type's address,
-/// the NumPy dtype's kind and item size, and the DLPack dtype.
+/// the NumPy dtype's kind, and the DLPack dtype.
 #[derive(Clone, Copy, Debug)]
 struct MlType {
     scalar: usize,
     kind: u8,
-    itemsize: usize,
     dtype: DataType,
 }
 
@@ -115,14 +114,19 @@ fn numpy_itemsize(dtype: DataType) -> usize {
     dtype.itemsize().unwrap_or(1)
 }
 
+/// [`ml_dtypes_table`], once read.
+static ML_TABLE: std::sync::OnceLock<Vec<MlType>> = std::sync::OnceLock::new();
+
+/// NumPy numbers the types it does not build in from here; `ml_dtypes`' among them.
+const NPY_USERDEF: core::ffi::c_int = 256;
+
 /// Each `ml_dtypes` type, read once from the imported module and kept only if
 /// it is what `ml_dtypes` makes: a `numpy.generic` subclass whose NumPy dtype
 /// has the DLPack dtype's item size. Anything may sit in `sys.modules` under
 /// that name; a module with any other entry is not trusted (and asked again
 /// next time). Empty while `ml_dtypes` is not imported.
 fn ml_dtypes_table(py: Python<'_>) -> &'static [MlType] {
-    static TABLE: std::sync::OnceLock<Vec<MlType>> = std::sync::OnceLock::new();
-    if let Some(table) = TABLE.get() {
+    if let Some(table) = ML_TABLE.get() {
         return table;
     }
     // SAFETY: with the GIL; GetModule never imports and returns a new reference or NULL.
@@ -150,12 +154,12 @@ fn ml_dtypes_table(py: Python<'_>) -> &'static [MlType] {
             let scalar = ty.as_ptr() as usize;
             // Types live as long as the process; the table keeps them so.
             core::mem::forget(ty);
-            table.push(MlType { scalar, kind: kind.as_bytes()[0], itemsize, dtype });
+            table.push(MlType { scalar, kind: kind.as_bytes()[0], dtype });
         }
         Ok(Some(table))
     };
     match read() {
-        Ok(Some(table)) => TABLE.get_or_init(|| table),
+        Ok(Some(table)) => ML_TABLE.get_or_init(|| table),
         _ => {
             let _ = PyErr::take(py);
             &[]
@@ -164,39 +168,21 @@ fn ml_dtypes_table(py: Python<'_>) -> &'static [MlType] {
 }
 
 /// The DLPack dtype of a NumPy dtype that is not a builtin number: one of
-/// `ml_dtypes`' types, recognised by scalar type identity, kind and item size.
-fn ml_dtype_of(py: Python<'_>, descr: &NumpyDescrFields, descr_object: &Bound<'_, PyAny>) -> Option<DataType> {
-    // User-defined NumPy types are numbered from 256; `ml_dtypes`' among them.
-    if descr.type_num < 256 {
+/// `ml_dtypes`' types, recognised by scalar type identity and kind in the
+/// table already read (runs no Python). Only C code registers a NumPy type, so
+/// a descr of a table type's number and scalar type is the registered one,
+/// whose item size the table checked.
+fn ml_dtype_of(descr: &NumpyDescrFields) -> Option<DataType> {
+    if descr.type_num < NPY_USERDEF {
         return None;
     }
     let scalar = descr.typeobj as usize;
-    let known = ml_dtypes_table(py).iter().find(|t| t.scalar == scalar && t.kind == descr.kind as u8)?;
-    // NumPy 1 and 2 keep the item size at different offsets: ask the dtype.
-    let itemsize: usize = descr_object.getattr(pyo3::intern!(py, "itemsize")).ok()?.extract().ok()?;
-    (itemsize == known.itemsize).then_some(known.dtype)
+    let known = ML_TABLE.get()?.iter().find(|t| t.scalar == scalar && t.kind == descr.kind as u8)?;
+    Some(known.dtype)
 }
 
-/// `numpy.ndarray`, once seen in an imported `numpy` module (a static type: it
-/// lives as long as the process).
+/// `numpy.ndarray`, once seen (a static type: it lives as long as the process).
 static NDARRAY_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(core::ptr::null_mut());
-
-/// `numpy.ndarray` from `sys.modules`, without importing NumPy.
-fn imported_ndarray_type(py: Python<'_>) -> Option<*mut ffi::PyTypeObject> {
-    // SAFETY: with the GIL held; GetModule returns a new reference or NULL, and
-    // never imports.
-    let module = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyImport_GetModule(pyo3::intern!(py, "numpy").as_ptr())) };
-    let Some(module) = module else {
-        let _ = PyErr::take(py);
-        return None;
-    };
-    let ty = module.getattr(pyo3::intern!(py, "ndarray")).ok()?;
-    let ty = ty.cast_into::<pyo3::types::PyType>().ok()?;
-    let ptr = ty.as_type_ptr();
-    // Kept alive for the process, as the cache requires.
-    core::mem::forget(ty);
-    Some(ptr)
-}
 
 pub(crate) fn is_exact_ndarray(obj: &Bound<'_, PyAny>) -> bool {
     // SAFETY: reading the type of a live object.
@@ -205,22 +191,30 @@ pub(crate) fn is_exact_ndarray(obj: &Bound<'_, PyAny>) -> bool {
     if !known.is_null() {
         return ty == known;
     }
-    // Cheap pre-filter before asking sys.modules: only a type with NumPy's name
-    // can be NumPy's type (a name proves nothing; identity decides).
-    // SAFETY: `tp_name` of a live type is a NUL-terminated string, read up
-    // to its first byte that differs (no strlen: this runs for every argument
-    // of a process that has not passed an array yet).
-    let named = b"numpy.ndarray\0".iter().enumerate().all(|(i, &b)| unsafe { *(*ty).tp_name.add(i) } as u8 == b);
-    if !named {
+    // SAFETY: a live type object.
+    if !unsafe { is_numpy_array_type(ty) } {
         return false;
     }
-    match imported_ndarray_type(obj.py()) {
-        Some(real) => {
-            NDARRAY_TYPE.store(real, Ordering::Relaxed);
-            ty == real
-        }
-        None => false,
-    }
+    NDARRAY_TYPE.store(ty, Ordering::Relaxed);
+    true
+}
+
+/// Whether `ty` is NumPy's array type. `numpy.ndarray` in `sys.modules` is an
+/// attribute anyone can rebind, and a class may take any name; but classes
+/// made by Python code are heap types, so a static type named
+/// "numpy.ndarray", with room for NumPy's struct, is NumPy's own.
+///
+/// # Safety
+/// `ty` is a live type object.
+unsafe fn is_numpy_array_type(ty: *mut ffi::PyTypeObject) -> bool {
+    // SAFETY: `tp_name` of a live type is a NUL-terminated string, read up to
+    // its first byte that differs (no strlen: this runs for every argument of
+    // a process that has not passed an array yet).
+    let named = b"numpy.ndarray\0".iter().enumerate().all(|(i, &b)| unsafe { *(*ty).tp_name.add(i) } as u8 == b);
+    // SAFETY: fields of a live type object.
+    let (flags, size) = unsafe { ((*ty).tp_flags, (*ty).tp_basicsize) };
+    let size_fits = usize::try_from(size).is_ok_and(|size| size >= core::mem::size_of::<NumpyArrayFields>());
+    named && flags & ffi::Py_TPFLAGS_HEAPTYPE == 0 && size_fits
 }
 
 /// Zero-copy import of an exact `numpy.ndarray` of a standard numeric dtype.
@@ -253,8 +247,14 @@ pub(crate) unsafe fn view_of(obj: &Bound<'_, PyAny>) -> PyResult<Option<(TensorV
 /// `obj` is an exact `numpy.ndarray` ([`is_exact_ndarray`]); as for [`view_of`].
 #[inline(always)] // into `args::in_place`, which says why
 pub(crate) unsafe fn view_of_exact(obj: &Bound<'_, PyAny>) -> PyResult<Option<(TensorView<'static>, bool)>> {
-    // SAFETY: an exact numpy.ndarray (its type is the one the numpy module
-    // exports) starts with these public fields; its descr is a live PyArray_Descr.
+    // Reading `ml_dtypes`' table the first time runs Python, which may change
+    // the array (its dtype, its shape): done before any field is read.
+    // SAFETY: an exact numpy.ndarray starts with these public fields; its
+    // descr is a live PyArray_Descr.
+    if unsafe { (*(*obj.as_ptr().cast::<NumpyArrayFields>()).descr).type_num } >= NPY_USERDEF {
+        let _ = ml_dtypes_table(obj.py());
+    }
+    // SAFETY: as above; from here to the view's validation no Python runs.
     let (array, descr) = unsafe {
         let array = &*obj.as_ptr().cast::<NumpyArrayFields>();
         (array, &*array.descr)
@@ -262,9 +262,7 @@ pub(crate) unsafe fn view_of_exact(obj: &Bound<'_, PyAny>) -> PyResult<Option<(T
     let dtype = match numpy_dtype(descr.type_num) {
         Some(dtype) => dtype,
         None => {
-            // SAFETY: the array holds a strong reference to its descr, a live dtype object.
-            let descr_object = unsafe { Borrowed::from_ptr(obj.py(), array.descr.cast_mut().cast::<ffi::PyObject>()) };
-            let Some(dtype) = ml_dtype_of(obj.py(), descr, &descr_object) else { return Ok(None) };
+            let Some(dtype) = ml_dtype_of(descr) else { return Ok(None) };
             dtype
         }
     };
