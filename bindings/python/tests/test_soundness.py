@@ -204,6 +204,70 @@ def test_a_class_named_numpy_ndarray_is_not_read_as_numpy():
     assert out.split("\n")[:4] == ["refused 0", "refused 1", "refused after numpy", "True [0.0, 1.0, 2.0]"]
 
 
+def test_numpy_ndarray_rebound_to_an_impostor_is_not_read_as_numpy():
+    # numpy.ndarray is an attribute anyone can rebind. Rebound while dlbridge first looked, it once
+    # made a plain class, whose slots lie where NumPy's struct keeps data, descr and flags, read as
+    # a writable float32 array: `scale` then wrote into the object its "data" slot held.
+    out = run_child("""
+        import sys, numpy as np, dlbridge, scale_inplace
+        Imp = type("numpy.ndarray", (), {"__slots__": ("s0", "s1", "s2", "s3", "s4", "s5", "s6")})
+        target = bytearray(b"victim")
+        imp = Imp()
+        imp.s0 = target                   # "data": the bytearray's own header
+        imp.s5 = 0x3D0000 + 11 * 2**30    # "descr": an int whose bytes say float32
+        imp.s6 = next(o for o in (object() for _ in range(1000)) if id(o) & 0x400)  # "WRITEABLE"
+        before = sys.getrefcount(target)
+        real, np.ndarray = np.ndarray, Imp
+        for take in (scale_inplace.total, lambda x: scale_inplace.scale(x, 2.0), dlbridge.from_dlpack):
+            try:
+                take(imp)
+                print("taken")
+            except TypeError:
+                print("refused")
+        np.ndarray = real
+        print(sys.getrefcount(target) == before, bytes(target))
+        a = np.ones(3, np.float32)
+        scale_inplace.scale(a, 2.0)
+        print(scale_inplace.total(a), dlbridge.from_dlpack(a).data_ptr == a.ctypes.data)
+    """)
+    assert out.split("\n")[:5] == ["refused", "refused", "refused", "True b'victim'", "6.0 True"]
+
+
+def test_torch_tensor_rebound_while_dlbridge_first_looks_changes_no_trust():
+    # torch.Tensor is an attribute too. Rebound to torch's ReadOnlyTensorWrapper while dlbridge
+    # first looked at torch, it once made the wrapper's read-only table trusted as torch's own:
+    # `scale` then wrote a copy-on-write clone's memory, shared with a tensor never passed in.
+    pytest.importorskip("torch")
+    out = run_child("""
+        import torch, scale_inplace
+        from torch.utils.dlpack import ReadOnlyTensorWrapper
+        base = torch.arange(4, dtype=torch.float32)
+        wrapped = ReadOnlyTensorWrapper(torch._lazy_clone(base))
+        real, torch.Tensor = torch.Tensor, ReadOnlyTensorWrapper
+        with torch._C.DisableTorchFunctionSubclass():
+            print(scale_inplace.total(wrapped))
+        torch.Tensor = real
+        with torch._C.DisableTorchFunctionSubclass():
+            try:
+                scale_inplace.scale(wrapped, 10.0)
+                print("written")
+            except BufferError:
+                print("refused")
+        print(base.tolist())
+        # torch's checks still run on plain tensors, and torch's own table is still writable.
+        x = torch.ones(2, requires_grad=True)
+        try:
+            scale_inplace.total(x)
+            print("taken")
+        except BufferError:
+            print("refused")
+        y = torch.ones(2)
+        scale_inplace.scale(y, 3.0)
+        print(y.tolist())
+    """)
+    assert out.split("\n")[:5] == ["6.0", "refused", "[0.0, 1.0, 2.0, 3.0]", "refused", "[3.0, 3.0]"]
+
+
 def test_integer_exchange_api_attribute_is_not_followed():
     out = run_child("""
         import dlbridge, numpy as np

@@ -42,7 +42,7 @@ pub struct Table {
 /// # Safety
 /// `header` must be NULL or point at a live table whose `prev_api` chain is
 /// NULL-terminated; tables are static by the header's rules.
-unsafe fn compatible(mut header: *const DLPackExchangeAPIHeader) -> Option<&'static DLPackExchangeAPI> {
+pub(super) unsafe fn compatible(mut header: *const DLPackExchangeAPIHeader) -> Option<&'static DLPackExchangeAPI> {
     for _ in 0..16 {
         if header.is_null() {
             return None;
@@ -86,7 +86,7 @@ fn find(ty: &Bound<'_, PyType>) -> Option<Table> {
         Some(checks) => Guard::Torch(checks),
         None => Guard::None,
     };
-    let fill_writability = guard.fill_writability(&publisher);
+    let fill_writability = guard.fill_writability(api);
     Some(Table { api, guard, fill_writability })
 }
 

@@ -4,12 +4,19 @@
 //! torch's `__dlpack__` refuses tensors that require grad and tensors with the
 //! conjugate bit; its table does not, so [`Guard::Torch`] asks torch here (and
 //! refuses the negative bit too, whose data DLPack would carry un-negated).
-//! A fill carries no flags. The exports of `torch.Tensor`'s own table never
-//! set READ_ONLY or IS_COPIED (`__dlpack__` does only when the consumer asks:
-//! `read_only=True`, `copy=True`, a `dl_device` that needs a copy), so its
-//! fill is taken as writable, as its export would say. A subclass that
-//! publishes a table of its own gets no such trust: torch's
+//! A fill carries no flags. The exports of torch's own table (the one
+//! `torch.Tensor` publishes) never set READ_ONLY or IS_COPIED (`__dlpack__`
+//! does only when the consumer asks: `read_only=True`, `copy=True`, a
+//! `dl_device` that needs a copy), so its fill is taken as writable, as its
+//! export would say. Any other table gets no such trust: torch's
 //! `ReadOnlyTensorWrapper` publishes one whose exports are read-only.
+//!
+//! Nothing here is found through a name Python code can rebind
+//! (`torch.Tensor`, `sys.modules`): a tensor is torch's when the static type
+//! `torch._C.TensorBase` is in its MRO (only C code makes a static type), the
+//! checks are that type's own descriptors (its dict is immutable), and torch's
+//! table is the one returned by torch's C function `_dlpack_exchange_api`
+//! (a builtin's name is its C name).
 //!
 //! Asking runs Python whenever torch dispatches `__torch_function__` (a
 //! subclass that overrides it, a torch function mode), and that code may free
@@ -19,12 +26,15 @@
 //! it is asked only when the tensor taken turns out complex, which is then
 //! dropped and taken again after the question.
 
+use dlbridge::ffi::DLPackExchangeAPI;
 use dlbridge::{DataType, DataTypeCode};
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 use pyo3::{ffi, intern};
 
+use super::consumer::compatible;
+use super::EXCHANGE_API_CAPSULE_NAME;
 use crate::writability::Writability;
 
 /// Checks a producer's `__dlpack__` makes that its table does not.
@@ -36,59 +46,85 @@ pub enum Guard {
     Torch(&'static TorchChecks),
 }
 
-/// torch's own descriptors for the checks, taken once from `torch.Tensor`:
-/// calling them directly skips the instance attribute lookup on every import.
-/// They dispatch to `__torch_function__` themselves, as attribute access would.
+/// torch's own descriptors for the checks, taken once from
+/// `torch._C.TensorBase`: calling them directly skips the instance attribute
+/// lookup on every import. They dispatch to `__torch_function__` themselves,
+/// as attribute access would.
 #[derive(Debug)]
 pub struct TorchChecks {
-    /// `torch.Tensor` itself, whose own table's fills are writable.
-    tensor_type: Py<PyType>,
+    /// The address of torch's own table, whose fills are writable; 0 if torch has none.
+    writable_table: usize,
     requires_grad: Py<PyAny>,
     is_conj: Py<PyAny>,
     is_neg: Py<PyAny>,
 }
 
 impl TorchChecks {
-    fn of(tensor_type: &Bound<'_, PyType>) -> Option<&'static TorchChecks> {
+    fn of(tensor_base: &Bound<'_, PyType>) -> Option<&'static TorchChecks> {
         static CHECKS: pyo3::sync::PyOnceLock<Option<&'static TorchChecks>> = pyo3::sync::PyOnceLock::new();
-        let py = tensor_type.py();
+        let py = tensor_base.py();
         *CHECKS.get_or_init(py, || {
-            let get = |name| tensor_type.getattr(name).ok().map(Bound::unbind);
+            let get = |name| tensor_base.getattr(name).ok().map(Bound::unbind);
             let checks = TorchChecks {
-                tensor_type: tensor_type.clone().unbind(),
+                writable_table: torch_table(py).unwrap_or(0),
                 requires_grad: get(intern!(py, "requires_grad"))?,
                 is_conj: get(intern!(py, "is_conj"))?,
                 is_neg: get(intern!(py, "is_neg"))?,
             };
-            // One per process, as torch.Tensor itself.
+            // One per process, as torch's types.
             Some(Box::leak(Box::new(checks)))
         })
     }
 }
 
-/// `torch.Tensor`'s checks, if `ty` is `torch.Tensor` or a subclass and torch is imported.
+/// Whether `ty` is a static type with this name: Python code can give a class
+/// any name, but classes it makes are heap types.
+fn is_static_type_named(ty: &Bound<'_, PyType>, name: &core::ffi::CStr) -> bool {
+    let ty = ty.as_type_ptr();
+    // SAFETY: fields of a live type object; `tp_name` is NUL-terminated.
+    unsafe { (*ty).tp_flags & ffi::Py_TPFLAGS_HEAPTYPE == 0 && core::ffi::CStr::from_ptr((*ty).tp_name) == name }
+}
+
+/// torch's checks, if `torch._C.TensorBase` is in `ty`'s MRO.
 pub(super) fn torch_checks(ty: &Bound<'_, PyType>) -> Option<&'static TorchChecks> {
-    let py = ty.py();
+    let base = ty.mro().iter().filter_map(|class| class.cast_into::<PyType>().ok()).find(|class| is_static_type_named(class, c"torch._C.TensorBase"))?;
+    TorchChecks::of(&base)
+}
+
+/// The address of torch's own exchange table, from the C function that
+/// returns it (`torch._C._dlpack_exchange_api`, checked to be that builtin
+/// and not whatever the attribute holds now).
+fn torch_table(py: Python<'_>) -> Option<usize> {
     // SAFETY: GetModule never imports; it returns a new reference or NULL.
-    let torch = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyImport_GetModule(intern!(py, "torch").as_ptr())) };
-    let Some(torch) = torch else {
+    let module = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyImport_GetModule(intern!(py, "torch._C").as_ptr())) };
+    let Some(module) = module else {
         let _ = PyErr::take(py);
         return None;
     };
-    let tensor = torch.getattr(intern!(py, "Tensor")).ok()?.cast_into::<PyType>().ok()?;
-    if !ty.is_subclass(&tensor).unwrap_or(false) {
+    let function = module.getattr(intern!(py, "_dlpack_exchange_api")).ok()?;
+    // SAFETY: a type check on a live object.
+    let builtin = unsafe { ffi::PyCFunction_CheckExact(function.as_ptr()) } != 0;
+    // A builtin's `__name__` is its C name, which Python code cannot change.
+    if !builtin || function.getattr(intern!(py, "__name__")).ok()?.ne(intern!(py, "_dlpack_exchange_api")).ok()? {
         return None;
     }
-    TorchChecks::of(&tensor)
+    let capsule = function.call0().ok()?;
+    // SAFETY: a name check on a live object; IsValid never raises.
+    if unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), EXCHANGE_API_CAPSULE_NAME.as_ptr()) } != 1 {
+        return None;
+    }
+    // SAFETY: validated capsule; its pointer is a process-lifetime table.
+    let header = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), EXCHANGE_API_CAPSULE_NAME.as_ptr()) };
+    // SAFETY: as above.
+    unsafe { compatible(header.cast()) }.map(|api| core::ptr::from_ref(api) as usize)
 }
 
 impl Guard {
-    /// What the versioned export of `publisher`'s table would say of writes to
-    /// the tensor its fill describes: Writable for `torch.Tensor`'s own table
-    /// (see above), else Unknown.
-    pub(crate) fn fill_writability(self, publisher: &Bound<'_, PyAny>) -> Writability {
+    /// What the versioned export of `api` would say of writes to the tensor
+    /// its fill describes: Writable for torch's own table (see above), else Unknown.
+    pub(crate) fn fill_writability(self, api: &DLPackExchangeAPI) -> Writability {
         match self {
-            Guard::Torch(checks) if publisher.is(checks.tensor_type.bind(publisher.py())) => Writability::Writable,
+            Guard::Torch(checks) if checks.writable_table == core::ptr::from_ref(api) as usize => Writability::Writable,
             _ => Writability::Unknown,
         }
     }
