@@ -67,16 +67,22 @@ def test_dlbridge_host_readers_wait_behind_a_writer(name):
     assert _native._live_borrows() == 0
 
 
-def test_an_incompatible_published_registry_is_not_used():
+@pytest.mark.parametrize("squatter", ["types.ModuleType('squatter')", "types.SimpleNamespace(api=object())"])
+def test_a_registry_name_held_by_anything_else_refuses_every_borrow(squatter):
+    # With the name taken before any extension published, each extension once kept a registry of
+    # its own: a second extension then wrote bytes the first held as &mut. Borrows are refused
+    # instead, saying why, and nothing is written.
     code = (
-        "import sys, types\n"
-        "m = types.ModuleType('_dlbridge_borrows_2'); m.api = object(); sys.modules['_dlbridge_borrows_2'] = m\n"
-        "import numpy as np, dlbridge\n"
+        f"import sys, types\nsys.modules['_dlbridge_borrows_2'] = {squatter}\n"
+        "import numpy as np, dlbridge, scale_inplace\n"
         "from dlbridge import _native\n"
-        "a = np.zeros(4, np.uint8)\n"
-        "try:\n    _native._read_then_write(a, a)\nexcept BufferError as e:\n    print('refused')\n"
-        "print(_native._read_then_write(a[:2], a[2:]), a.tolist())\n"
+        "x8 = np.zeros(16, np.uint8)\n"
+        "for act in (lambda: _native._while_borrowed(x8, lambda: scale_inplace.scale(x8.view(np.float32), 2.0), writable=True),\n"
+        "            lambda: scale_inplace.scale(x8.view(np.float32), 2.0), lambda: scale_inplace.total(x8.view(np.float32))):\n"
+        "    try:\n        act(); print('done')\n"
+        "    except BufferError as e:\n        print('refused' if \"_dlbridge_borrows_2'] holds something\" in str(e) else e)\n"
+        "print(x8.tolist() == [0] * 16)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split("\n")[:2] == ["refused", "2 [0, 0, 1, 1]"]
+    assert proc.stdout.split("\n")[:4] == ["refused", "refused", "refused", "True"], proc.stdout

@@ -20,7 +20,7 @@ use core::ffi::c_int;
 use core::marker::PhantomData;
 
 use dlbridge::{Device, TensorView};
-use pyo3::exceptions::PyBufferError;
+use pyo3::exceptions::{PyBufferError, PyMemoryError};
 use pyo3::prelude::*;
 
 use registry::{api, Conflict};
@@ -54,9 +54,12 @@ pub(crate) struct Borrow<'py> {
 impl Drop for Borrow<'_> {
     fn drop(&mut self) {
         if self.id != 0 {
-            // SAFETY: the registry's own function, with an id it gave out;
-            // the GIL is held (the token's lifetime has not ended).
-            unsafe { (api().release)(self.id) }
+            // An id was given out, so the registry is known.
+            if let Some(api) = api() {
+                // SAFETY: the registry's own function, with an id it gave out;
+                // the GIL is held (the token's lifetime has not ended).
+                unsafe { (api.release)(self.id) }
+            }
         }
     }
 }
@@ -102,12 +105,23 @@ fn acquire_bytes<'py>(py: Python<'py>, space: u64, bytes: core::ops::Range<usize
              without it; use a CPython build with the GIL",
         ));
     }
+    let Some(api) = api() else {
+        return Err(PyBufferError::new_err(
+            "dlbridge-pyo3's borrow registry cannot be used: sys.modules['_dlbridge_borrows_2'] holds something \
+             other than its table, so extensions could not see each other's borrows; that name is dlbridge's, \
+             do not set it",
+        ));
+    };
     let mut conflict = Conflict::default();
     // SAFETY: the registry's own function, with a writable out pointer, with
     // the GIL held (`py`).
-    let id = unsafe { (api().acquire)(space, bytes.start, bytes.end, c_int::from(exclusive), &mut conflict) };
+    let id = unsafe { (api.acquire)(space, bytes.start, bytes.end, c_int::from(exclusive), &mut conflict) };
     if id != 0 {
         return Ok(Borrow { id, _gil: PhantomData });
+    }
+    // A conflict is never empty: an empty one means there was no memory to record the borrow.
+    if conflict.end == 0 {
+        return Err(PyMemoryError::new_err("no memory to record a borrow of this tensor"));
     }
     let (mine, theirs) = match (exclusive, conflict.exclusive) {
         (true, true) => ("writable", "writable"),
@@ -191,5 +205,5 @@ impl<'a> ReadGuard<'a> {
 #[cfg(feature = "testing")]
 pub(crate) fn live_count(_py: Python<'_>) -> usize {
     // SAFETY: the registry's own function, with the GIL held.
-    unsafe { (api().live)() }
+    api().map_or(0, |api| unsafe { (api.live)() })
 }

@@ -6,9 +6,9 @@
 //! capsule, in a module it adds to `sys.modules` under [`MODULE`]; the others
 //! find it there and call through it, so two extensions borrowing the same
 //! bytes see each other. Extension modules are never unloaded, so the table
-//! and the functions behind it live as long as the process. A table of an
-//! incompatible major version is not used: this extension then keeps its own
-//! registry, as it would alone.
+//! and the functions behind it live as long as the process. If the name holds
+//! anything else (a table of another major, or not a table), borrows are
+//! refused: a registry of this extension's own could not see the others'.
 
 use core::cell::UnsafeCell;
 use core::ffi::{c_int, CStr};
@@ -50,7 +50,8 @@ pub(crate) struct RegistryApi {
     pub(crate) size: u32,
     /// Registers a borrow of bytes `start..end` (non-empty) of address space
     /// `space`: a non-zero id, or 0 when it conflicts with a live borrow,
-    /// which is then described in `*conflict` (may be NULL). A shared borrow
+    /// which is then described in `*conflict` (may be NULL), or when there was
+    /// no memory to record it (`*conflict` untouched). A shared borrow
     /// conflicts with an exclusive one, an exclusive one with any.
     pub(crate) acquire: unsafe extern "C" fn(space: u64, start: usize, end: usize, exclusive: c_int, conflict: *mut Conflict) -> u64,
     /// Ends the borrow `id` (0 is ignored).
@@ -139,35 +140,38 @@ static OWN: RegistryApi = RegistryApi {
 };
 
 /// The process's registry: the one published in `sys.modules`, published
-/// by this extension if no other did first.
+/// by this extension if no other did first. `None` while that name holds
+/// anything else (not a table, or one of another major): extensions that
+/// cannot see each other's borrows must not borrow at all.
 #[inline]
-pub(crate) fn api() -> &'static RegistryApi {
+pub(crate) fn api() -> Option<&'static RegistryApi> {
     let known = API.load(Ordering::Acquire);
     if known.is_null() {
         return find_api();
     }
     // SAFETY: only 'static tables are stored.
-    unsafe { &*known }
+    Some(unsafe { &*known })
 }
 
 /// The table [`api`] hands out, once found.
 static API: AtomicPtr<RegistryApi> = AtomicPtr::new(core::ptr::null_mut());
 
 #[cold]
-fn find_api() -> &'static RegistryApi {
+fn find_api() -> Option<&'static RegistryApi> {
     // Two threads may both look: `setdefault` gives both the same table, and
-    // the first one stored is the one every caller uses.
-    let found = core::ptr::from_ref(Python::attach(|py| shared(py).unwrap_or(&OWN))).cast_mut();
+    // the first one stored is the one every caller uses. Not finding one is
+    // not remembered: the next borrow asks again.
+    let found = core::ptr::from_ref(Python::attach(shared)?).cast_mut();
     let kept = match API.compare_exchange(core::ptr::null_mut(), found, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => found,
         Err(first) => first,
     };
     // SAFETY: only 'static tables are stored.
-    unsafe { &*kept }
+    Some(unsafe { &*kept })
 }
 
 /// Finds the published table, or publishes ours; `None` if `sys.modules`
-/// cannot be used or holds a table this version does not speak.
+/// cannot be used or holds anything but a table this version speaks.
 fn shared(py: Python<'_>) -> Option<&'static RegistryApi> {
     let result = (|| -> PyResult<Option<&'static RegistryApi>> {
         let module = PyModule::new(py, MODULE.to_str().unwrap_or("_dlbridge_borrows_2"))?;
