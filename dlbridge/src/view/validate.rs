@@ -111,8 +111,8 @@ impl<'a> TensorView<'a> {
         unsafe { Self::validate(tensor.data, tensor.byte_offset, parts) }
     }
 
-    /// Validates a tensor whose strides are in bytes, as NumPy's array struct,
-    /// the buffer protocol and the array interfaces give them, in one pass
+    /// Validates a tensor whose strides are in bytes (as NumPy's array struct,
+    /// the buffer protocol and the array interfaces give them) in one pass
     /// that fills the view's own shape and strides: `axis(i)` is axis `i`'s
     /// extent and byte stride, read once. A byte stride that is not a whole
     /// number of elements is refused ([`Error::StrideNotWhole`]) unless its
