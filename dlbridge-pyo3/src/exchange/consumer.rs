@@ -7,22 +7,23 @@
 //! (`__c_dlpack_exchange_api__`) is not read: any int could be published
 //! there, and every producer that had it also has `__dlpack__`.
 //!
-//! A table skips the checks its producer's `__dlpack__` makes; `guard.rs`
-//! makes them, before any pointer is taken when they can run Python. Any
+//! A table skips the checks its producer's `__dlpack__` makes, and the hooks
+//! it dispatches; `guard.rs` makes the checks, and sends a type with hooks to
+//! `__dlpack__`. Any
 //! failure of a table falls back to `__dlpack__`, which raises the producer's
 //! own error.
 
 use core::cell::RefCell;
 use core::ffi::c_void;
 
-use dlbridge::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI, DLPackExchangeAPIHeader, DLTensor, DLPACK_MAJOR_VERSION};
+use dlbridge::ffi::{DLManagedTensorVersioned, DLPackExchangeAPI, DLTensor};
 use dlbridge::{Device, DeviceType, OwnedTensor};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 use pyo3::{ffi, intern};
 
 use super::guard::{torch_checks, Guard};
-use super::EXCHANGE_API_CAPSULE_NAME;
+use super::{compatible, definer, EXCHANGE_API_CAPSULE_NAME};
 use crate::writability::Writability;
 
 /// A type's exchange table and the checks to make before using it.
@@ -35,33 +36,6 @@ pub struct Table {
     /// What the producer's export would say of writes to what the table's
     /// fill describes (a fill carries no flags): see `guard.rs`.
     pub fill_writability: Writability,
-}
-
-/// The newest table in a chain whose major version this crate speaks.
-///
-/// # Safety
-/// `header` must be NULL or point at a live table whose `prev_api` chain is
-/// NULL-terminated; tables are static by the header's rules.
-pub(super) unsafe fn compatible(mut header: *const DLPackExchangeAPIHeader) -> Option<&'static DLPackExchangeAPI> {
-    for _ in 0..16 {
-        if header.is_null() {
-            return None;
-        }
-        // SAFETY: forwarded from the caller.
-        let h = unsafe { &*header };
-        if h.version.major == DLPACK_MAJOR_VERSION {
-            // SAFETY: a header with our major heads a `DLPackExchangeAPI` of our layout.
-            return Some(unsafe { &*header.cast::<DLPackExchangeAPI>() });
-        }
-        header = h.prev_api;
-    }
-    None
-}
-
-/// The class in `ty`'s MRO whose `__dict__` defines `name`.
-fn definer<'py>(ty: &Bound<'py, PyType>, name: &Bound<'py, pyo3::types::PyString>) -> Option<Bound<'py, PyAny>> {
-    let dict = intern!(ty.py(), "__dict__");
-    ty.mro().iter().find(|class| class.getattr(dict).and_then(|d| d.contains(name)).unwrap_or(false))
 }
 
 /// A type's table from its `"dlpack_exchange_api"` capsule, if the class that
@@ -86,6 +60,9 @@ fn find(ty: &Bound<'_, PyType>) -> Option<Table> {
         Some(checks) => Guard::Torch(checks),
         None => Guard::None,
     };
+    if !guard.dispatches_nothing(ty) {
+        return None;
+    }
     let fill_writability = guard.fill_writability(api);
     Some(Table { api, guard, fill_writability })
 }

@@ -18,9 +18,15 @@
 //! table is the one returned by torch's C function `_dlpack_exchange_api`
 //! (a builtin's name is its C name).
 //!
-//! Asking runs Python whenever torch dispatches `__torch_function__` (a
-//! subclass that overrides it, a torch function mode), and that code may free
-//! or move the storage. So every check runs before the table exports or
+//! torch's `__dlpack__` first dispatches `__torch_function__` (a subclass's,
+//! a torch function mode's), which may refuse, mark the export read-only, or
+//! export another tensor; a table call dispatches nothing. So a table is used
+//! only where torch would dispatch nothing: for `torch.Tensor` itself and
+//! types that switched dispatch off (`Parameter`), never while a mode is
+//! active (asked of torch on every call, through its C function). Anything
+//! else goes through `__dlpack__`, hooks and all.
+//!
+//! The checks then run no Python, and still run before the table exports or
 //! fills, never between taking a pointer and using it, as torch's own
 //! `__dlpack__` orders them. The conjugate bit exists only on complex tensors:
 //! it is asked only when the tensor taken turns out complex, which is then
@@ -30,11 +36,10 @@ use dlbridge::ffi::DLPackExchangeAPI;
 use dlbridge::{DataType, DataTypeCode};
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::PyType;
+use pyo3::types::{PyString, PyType};
 use pyo3::{ffi, intern};
 
-use super::consumer::compatible;
-use super::EXCHANGE_API_CAPSULE_NAME;
+use super::{compatible, definer, EXCHANGE_API_CAPSULE_NAME};
 use crate::writability::Writability;
 
 /// Checks a producer's `__dlpack__` makes that its table does not.
@@ -54,6 +59,12 @@ pub enum Guard {
 pub struct TorchChecks {
     /// The address of torch's own table, whose fills are writable; 0 if torch has none.
     writable_table: usize,
+    /// `torch._C._disabled_torch_function_impl`: a type whose `__torch_function__`
+    /// is this one dispatches nothing.
+    disabled_impl: Option<Py<PyAny>>,
+    /// `torch._C._is_torch_function_mode_enabled`, as its C function and self;
+    /// without it, a mode is assumed.
+    mode_query: Option<(ffi::PyCFunction, Py<PyAny>)>,
     requires_grad: Py<PyAny>,
     is_conj: Py<PyAny>,
     is_neg: Py<PyAny>,
@@ -65,8 +76,12 @@ impl TorchChecks {
         let py = tensor_base.py();
         *CHECKS.get_or_init(py, || {
             let get = |name| tensor_base.getattr(name).ok().map(Bound::unbind);
+            let torch = torch_c(py);
+            let torch = torch.as_ref();
             let checks = TorchChecks {
-                writable_table: torch_table(py).unwrap_or(0),
+                writable_table: torch.and_then(torch_table).unwrap_or(0),
+                disabled_impl: torch.and_then(|t| torch_builtin(t, intern!(py, "_disabled_torch_function_impl"))).map(Bound::unbind),
+                mode_query: torch.and_then(mode_query),
                 requires_grad: get(intern!(py, "requires_grad"))?,
                 is_conj: get(intern!(py, "is_conj"))?,
                 is_neg: get(intern!(py, "is_neg"))?,
@@ -91,24 +106,29 @@ pub(super) fn torch_checks(ty: &Bound<'_, PyType>) -> Option<&'static TorchCheck
     TorchChecks::of(&base)
 }
 
-/// The address of torch's own exchange table, from the C function that
-/// returns it (`torch._C._dlpack_exchange_api`, checked to be that builtin
-/// and not whatever the attribute holds now).
-fn torch_table(py: Python<'_>) -> Option<usize> {
+/// `torch._C`, if imported.
+fn torch_c(py: Python<'_>) -> Option<Bound<'_, PyAny>> {
     // SAFETY: GetModule never imports; it returns a new reference or NULL.
     let module = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyImport_GetModule(intern!(py, "torch._C").as_ptr())) };
-    let Some(module) = module else {
+    if module.is_none() {
         let _ = PyErr::take(py);
-        return None;
-    };
-    let function = module.getattr(intern!(py, "_dlpack_exchange_api")).ok()?;
+    }
+    module
+}
+
+/// `torch._C.<name>`, if it is the builtin of that C name, not whatever the
+/// attribute holds now: a builtin's `__name__` is its C name, which Python
+/// code cannot change.
+fn torch_builtin<'py>(torch: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> Option<Bound<'py, PyAny>> {
+    let function = torch.getattr(name).ok()?;
     // SAFETY: a type check on a live object.
     let builtin = unsafe { ffi::PyCFunction_CheckExact(function.as_ptr()) } != 0;
-    // A builtin's `__name__` is its C name, which Python code cannot change.
-    if !builtin || function.getattr(intern!(py, "__name__")).ok()?.ne(intern!(py, "_dlpack_exchange_api")).ok()? {
-        return None;
-    }
-    let capsule = function.call0().ok()?;
+    (builtin && function.getattr(intern!(torch.py(), "__name__")).ok()?.eq(name).ok()?).then_some(function)
+}
+
+/// The address of torch's own exchange table, from the C function that returns it.
+fn torch_table(torch: &Bound<'_, PyAny>) -> Option<usize> {
+    let capsule = torch_builtin(torch, intern!(torch.py(), "_dlpack_exchange_api"))?.call0().ok()?;
     // SAFETY: a name check on a live object; IsValid never raises.
     if unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), EXCHANGE_API_CAPSULE_NAME.as_ptr()) } != 1 {
         return None;
@@ -119,7 +139,57 @@ fn torch_table(py: Python<'_>) -> Option<usize> {
     unsafe { compatible(header.cast()) }.map(|api| core::ptr::from_ref(api) as usize)
 }
 
+/// torch's C function that says whether a torch function mode is active
+/// (a thread-local read), to call without Python's call machinery.
+fn mode_query(torch: &Bound<'_, PyAny>) -> Option<(ffi::PyCFunction, Py<PyAny>)> {
+    let function = torch_builtin(torch, intern!(torch.py(), "_is_torch_function_mode_enabled"))?;
+    // SAFETY: `function` is an exact builtin (checked): these read its method definition.
+    unsafe {
+        if ffi::PyCFunction_GetFlags(function.as_ptr()) != ffi::METH_NOARGS {
+            return None;
+        }
+        let meth = ffi::PyCFunction_GetFunction(function.as_ptr())?;
+        let this = Bound::from_borrowed_ptr_or_opt(torch.py(), ffi::PyCFunction_GetSelf(function.as_ptr()))?;
+        Some((meth, this.unbind()))
+    }
+}
+
+impl TorchChecks {
+    /// Whether a torch function mode is active on this thread (or torch cannot say).
+    fn mode_active(&self, py: Python<'_>) -> bool {
+        let Some((meth, this)) = &self.mode_query else { return true };
+        // SAFETY: a METH_NOARGS builtin is called with its self and NULL, as
+        // CPython calls it; it returns a new reference or NULL with an error set.
+        let Ok(answer) = (unsafe { Bound::from_owned_ptr_or_err(py, meth(this.as_ptr(), core::ptr::null_mut())) }) else {
+            return true;
+        };
+        // SAFETY: comparing with the `False` singleton.
+        answer.as_ptr() != unsafe { ffi::Py_False() }
+    }
+}
+
 impl Guard {
+    /// Whether torch dispatches no `__torch_function__` for instances of `ty`
+    /// (modes aside, asked per call): `torch.Tensor` itself, whose own
+    /// `__torch_function__` torch never dispatches for its exact instances, or
+    /// a type whose `__torch_function__` is torch's disabled one. Others, even
+    /// subclasses that only inherit torch's default, go through `__dlpack__`.
+    pub(crate) fn dispatches_nothing(self, ty: &Bound<'_, PyType>) -> bool {
+        let Guard::Torch(checks) = self else { return true };
+        let name = intern!(ty.py(), "__torch_function__");
+        let Some(definer) = definer(ty, name) else { return false };
+        let defined = definer.getattr(intern!(ty.py(), "__dict__")).and_then(|dict| dict.get_item(name));
+        if let (Ok(value), Some(disabled)) = (&defined, &checks.disabled_impl) {
+            if value.is(disabled) {
+                return true;
+            }
+        }
+        // SAFETY: `tp_base` of a live type is NULL or a live type.
+        let base = unsafe { Bound::from_borrowed_ptr_or_opt(ty.py(), (*ty.as_type_ptr()).tp_base.cast()) };
+        let base_is_tensor_base = base.and_then(|b| b.cast_into::<PyType>().ok()).is_some_and(|b| is_static_type_named(&b, c"torch._C.TensorBase"));
+        definer.is(ty) && base_is_tensor_base
+    }
+
     /// What the versioned export of `api` would say of writes to the tensor
     /// its fill describes: Writable for torch's own table (see above), else Unknown.
     pub(crate) fn fill_writability(self, api: &DLPackExchangeAPI) -> Writability {
@@ -138,6 +208,9 @@ impl Guard {
     /// `__dlpack__` would make.
     pub(crate) fn take<T>(self, obj: &Bound<'_, PyAny>, mut take: impl FnMut() -> Option<T>, dtype: impl Fn(&T) -> DataType) -> PyResult<Option<T>> {
         let Guard::Torch(checks) = self else { return Ok(take()) };
+        if checks.mode_active(obj.py()) {
+            return Ok(None);
+        }
         if !outcome(obj, check_torch(obj, checks))? {
             return Ok(None);
         }

@@ -3,6 +3,7 @@
 //! says what the function takes, and a mismatch is a TypeError naming both.
 use dlbridge_pyo3::{CContiguous, Cpu, PyTensor, PyTensorMut, Tensor};
 use ndarray::{Axis, Ix2, IxDyn};
+use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 
 /// Multiplies every element of a float32 CPU tensor by `factor`, in place, in
@@ -37,7 +38,13 @@ fn as_tensor(x: PyTensor<'_>) -> PyResult<Tensor> {
 /// `0, 1, ..., n-1` as float32 in Rust-owned memory, returned without copying.
 #[pyfunction]
 fn arange(n: usize) -> PyResult<Tensor> {
-    Tensor::from_array(ndarray::Array1::from_iter((0..n).map(|v| v as f32)))
+    // `n` comes from Python: an allocation that fails is a MemoryError, not an abort.
+    let mut values = Vec::new();
+    values
+        .try_reserve_exact(n)
+        .map_err(|_| PyMemoryError::new_err(format!("cannot allocate {n} float32 values")))?;
+    values.extend((0..n).map(|v| v as f32));
+    Tensor::from_array(ndarray::Array1::from_vec(values))
 }
 
 #[pymodule]

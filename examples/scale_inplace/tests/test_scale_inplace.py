@@ -1,6 +1,7 @@
 """The example extension, called on NumPy and torch objects: its writes are seen in the caller's
 own object."""
 
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -115,6 +116,16 @@ def test_reads_and_returns():
     t = scale_inplace.arange(4)
     assert np.from_dlpack(t).tolist() == [0, 1, 2, 3]
     assert torch.from_dlpack(t).sum().item() == 6
+
+
+@pytest.mark.parametrize("n", [2**45, 2**61, 2**64 - 1])
+def test_a_size_too_large_to_allocate_is_a_memory_error(n):
+    # Collecting into a Vec aborted the interpreter (no memory for 2**45 floats, more than the
+    # address space) or panicked (capacity overflow).
+    code = f"import scale_inplace\ntry:\n    scale_inplace.arange({n})\nexcept MemoryError:\n    print('MemoryError')\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (0, "MemoryError\n"), proc.stderr[-2000:]
+    assert scale_inplace.arange(3).tolist() == [0.0, 1.0, 2.0]
 
 
 def test_a_dlbridge_tensor_is_read_and_written_in_place_with_its_refusals():
@@ -236,3 +247,78 @@ def test_a_torch_subclass_with_a_read_only_table_is_not_written():
     with pytest.raises(BufferError, match="read-only"):
         scale_inplace.scale(wrapped, 10.0)
     assert scale_inplace.total(wrapped) == 6.0
+
+
+class _ReadOnlyExports(torch.Tensor):
+    """Marks its exports read-only in __torch_function__, as torch's __dlpack__ dispatches it."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.__dlpack__:
+            kwargs["read_only"] = True
+            kwargs.setdefault("max_version", (1, 0))
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
+class _RefusesExport(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__dlpack__:
+            raise BufferError("this subclass refuses export")
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+class _ExportsAnother(torch.Tensor):
+    other = torch.full((4,), 7.0)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__dlpack__:
+            return cls.other.__dlpack__(**(kwargs or {}))
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("hook", ["read-only", "refuses", "another tensor", "mode refuses"])
+def test_torch_function_hooks_on_dlpack_are_honoured(hook):
+    """torch's __dlpack__ dispatches __torch_function__ (a subclass's, a mode's) first; its exchange
+    table does not. A subclass or mode that marks the export read-only, refuses it, or exports
+    another tensor was bypassed: the table was used, and the argument written. Now a type with hooks,
+    and every type while a mode is active, goes through __dlpack__, and gets what NumPy gets."""
+    from torch.overrides import TorchFunctionMode
+
+    class RefusingMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.__dlpack__:
+                raise BufferError("mode refuses export")
+            return func(*args, **(kwargs or {}))
+
+    kind = {"read-only": _ReadOnlyExports, "refuses": _RefusesExport, "another tensor": _ExportsAnother}
+    x = torch.ones(4) if hook == "mode refuses" else torch.ones(4).as_subclass(kind[hook])
+    mode = RefusingMode() if hook == "mode refuses" else warnings.catch_warnings()
+
+    def outcome(take):
+        try:
+            return take()
+        except BufferError as err:
+            return f"refused: {err}"
+
+    with mode:
+        direct = outcome(lambda: np.from_dlpack(x).tolist())
+        relayed = outcome(lambda: dlbridge.from_dlpack(x).tolist())
+        read = outcome(lambda: scale_inplace.total(x))
+        written = outcome(lambda: scale_inplace.scale(x, 2.0))
+    assert relayed == direct
+    if hook in ("refuses", "mode refuses"):
+        assert direct.startswith("refused") and read == direct and written == direct
+    elif hook == "read-only":
+        assert read == 4.0 and "read-only" in written
+    else:
+        assert direct == [7.0] * 4 and read == 28.0 and written is None
+        assert _ExportsAnother.other.tolist() == [14.0] * 4
+        _ExportsAnother.other.fill_(7.0)
+    assert x.as_subclass(torch.Tensor).tolist() == [1.0] * 4, "the tensor itself is never written"
+
