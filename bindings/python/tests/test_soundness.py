@@ -371,6 +371,26 @@ def test_unknown_device_type_is_a_buffer_error():
 # --- found by the adversarial review ----------------------------------------------------------
 
 
+@pytest.mark.parametrize("shape", [(2**62 + 1,), (2**61,), (2**31, 2**31)])
+def test_a_broadcast_too_large_for_the_buffer_protocol_is_refused(shape):
+    # A broadcast of one element can name more bytes than a Py_ssize_t holds: the buffer's length
+    # once wrapped (to 4 bytes, a negative size, or 0), and bytes(t) copied the shape's worth of
+    # elements into it, a crash.
+    pytest.importorskip("torch")
+    out = run_child(f"""
+        import torch, dlbridge
+        t = dlbridge.from_dlpack(torch.ones(1).expand(*{shape!r}))
+        for take in (memoryview, bytes, bytearray):
+            try:
+                take(t)
+                print("taken")
+            except BufferError as e:
+                print("refused", "too large for the buffer protocol" in str(e))
+        print(memoryview(dlbridge.from_dlpack(torch.ones(1).expand(3))).tobytes() == bytes(torch.ones(3).numpy()))
+    """)
+    assert out.split("\n")[:4] == ["refused True"] * 3 + ["True"]
+
+
 def test_buffer_request_without_nd_has_no_ndim_to_trust():
     out = run_child("""
         import ctypes, dlbridge, numpy as np

@@ -48,6 +48,15 @@ pub(super) unsafe fn get_buffer(slf: Bound<'_, TensorObject>, out: *mut ffi::Py_
     let view = tensor.view();
     let format = check_request(tensor, view, flags)?;
     let itemsize = view.dtype().itemsize().unwrap_or(1);
+    // The logical length, which a consumer may allocate and copy (`bytes(t)`):
+    // a broadcast of few bytes can name more than an isize holds.
+    let len = view.len().checked_mul(itemsize).and_then(|n| isize::try_from(n).ok()).ok_or_else(|| {
+        PyBufferError::new_err(format!(
+            "a tensor of {} elements of {} bytes is too large for the buffer protocol, whose length is a Py_ssize_t",
+            view.len(),
+            itemsize
+        ))
+    })?;
     let wants = |bits: c_int| flags & bits == bits;
     let ndim = view.ndim();
     // Shape then byte strides, kept in `internal` until `__releasebuffer__`.
@@ -67,7 +76,7 @@ pub(super) unsafe fn get_buffer(slf: Bound<'_, TensorObject>, out: *mut ffi::Py_
     // validated, CPU-accessible view, whose memory `obj` (set below) keeps alive.
     unsafe {
         (*out).buf = view.as_ptr().cast_mut();
-        (*out).len = (view.len() * itemsize) as isize;
+        (*out).len = len;
         (*out).readonly = c_int::from(tensor.readonly());
         (*out).itemsize = out_itemsize as isize;
         (*out).ndim = out_ndim as c_int;
