@@ -67,6 +67,7 @@ pub mod capsule;
 mod convert;
 mod errors;
 pub mod exchange;
+mod foreign_types;
 mod functions;
 mod gil;
 mod handoff;

@@ -40,6 +40,7 @@ use pyo3::types::{PyString, PyType};
 use pyo3::{ffi, intern};
 
 use super::{compatible, definer, EXCHANGE_API_CAPSULE_NAME};
+use crate::foreign_types::{imported_module, is_static_type_named};
 use crate::writability::Writability;
 
 /// Checks a producer's `__dlpack__` makes that its table does not.
@@ -76,7 +77,7 @@ impl TorchChecks {
         let py = tensor_base.py();
         *CHECKS.get_or_init(py, || {
             let get = |name| tensor_base.getattr(name).ok().map(Bound::unbind);
-            let torch = torch_c(py);
+            let torch = imported_module(py, intern!(py, "torch._C"));
             let torch = torch.as_ref();
             let checks = TorchChecks {
                 writable_table: torch.and_then(torch_table).unwrap_or(0),
@@ -92,28 +93,16 @@ impl TorchChecks {
     }
 }
 
-/// Whether `ty` is a static type with this name: Python code can give a class
-/// any name, but classes it makes are heap types.
-fn is_static_type_named(ty: &Bound<'_, PyType>, name: &core::ffi::CStr) -> bool {
-    let ty = ty.as_type_ptr();
-    // SAFETY: fields of a live type object; `tp_name` is NUL-terminated.
-    unsafe { (*ty).tp_flags & ffi::Py_TPFLAGS_HEAPTYPE == 0 && core::ffi::CStr::from_ptr((*ty).tp_name) == name }
-}
-
 /// torch's checks, if `torch._C.TensorBase` is in `ty`'s MRO.
 pub(super) fn torch_checks(ty: &Bound<'_, PyType>) -> Option<&'static TorchChecks> {
-    let base = ty.mro().iter().filter_map(|class| class.cast_into::<PyType>().ok()).find(|class| is_static_type_named(class, c"torch._C.TensorBase"))?;
+    let base = ty.mro().iter().filter_map(|class| class.cast_into::<PyType>().ok()).find(is_tensor_base)?;
     TorchChecks::of(&base)
 }
 
-/// `torch._C`, if imported.
-fn torch_c(py: Python<'_>) -> Option<Bound<'_, PyAny>> {
-    // SAFETY: GetModule never imports; it returns a new reference or NULL.
-    let module = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyImport_GetModule(intern!(py, "torch._C").as_ptr())) };
-    if module.is_none() {
-        let _ = PyErr::take(py);
-    }
-    module
+/// Whether `ty` is torch's static `torch._C.TensorBase`.
+fn is_tensor_base(ty: &Bound<'_, PyType>) -> bool {
+    // SAFETY: a live type object.
+    unsafe { is_static_type_named(ty.as_type_ptr(), c"torch._C.TensorBase") }
 }
 
 /// `torch._C.<name>`, if it is the builtin of that C name, not whatever the
@@ -184,10 +173,12 @@ impl Guard {
                 return true;
             }
         }
+        if !definer.is(ty) {
+            return false;
+        }
         // SAFETY: `tp_base` of a live type is NULL or a live type.
         let base = unsafe { Bound::from_borrowed_ptr_or_opt(ty.py(), (*ty.as_type_ptr()).tp_base.cast()) };
-        let base_is_tensor_base = base.and_then(|b| b.cast_into::<PyType>().ok()).is_some_and(|b| is_static_type_named(&b, c"torch._C.TensorBase"));
-        definer.is(ty) && base_is_tensor_base
+        base.and_then(|b| b.cast_into::<PyType>().ok()).is_some_and(|b| is_tensor_base(&b))
     }
 
     /// What the versioned export of `api` would say of writes to the tensor

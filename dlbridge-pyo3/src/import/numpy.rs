@@ -21,6 +21,7 @@ use pyo3::prelude::*;
 
 use crate::any_owned::{AnyOwned, ObjectTensor};
 use crate::errors::IntoPyResult;
+use crate::foreign_types::{imported_module, is_static_type_named};
 
 /// NumPy's public array struct (`PyArrayObject_fields`), up to `flags`; these
 /// fields have the same offsets in NumPy 1.x and 2.x.
@@ -129,12 +130,7 @@ fn ml_dtypes_table(py: Python<'_>) -> &'static [MlType] {
     if let Some(table) = ML_TABLE.get() {
         return table;
     }
-    // SAFETY: with the GIL; GetModule never imports and returns a new reference or NULL.
-    let module = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyImport_GetModule(pyo3::intern!(py, "ml_dtypes").as_ptr())) };
-    let Some(module) = module else {
-        let _ = PyErr::take(py);
-        return &[];
-    };
+    let Some(module) = imported_module(py, pyo3::intern!(py, "ml_dtypes")) else { return &[] };
     let read = || -> PyResult<Option<Vec<MlType>>> {
         let numpy = py.import("numpy")?;
         let (generic, dtype_of) = (numpy.getattr("generic")?, numpy.getattr("dtype")?);
@@ -200,21 +196,16 @@ pub(crate) fn is_exact_ndarray(obj: &Bound<'_, PyAny>) -> bool {
 }
 
 /// Whether `ty` is NumPy's array type. `numpy.ndarray` in `sys.modules` is an
-/// attribute anyone can rebind, and a class may take any name; but classes
-/// made by Python code are heap types, so a static type named
-/// "numpy.ndarray", with room for NumPy's struct, is NumPy's own.
+/// attribute anyone can rebind, and a class may take any name; but a static
+/// type named "numpy.ndarray", with room for NumPy's struct, is NumPy's own.
 ///
 /// # Safety
 /// `ty` is a live type object.
 unsafe fn is_numpy_array_type(ty: *mut ffi::PyTypeObject) -> bool {
-    // SAFETY: `tp_name` of a live type is a NUL-terminated string, read up to
-    // its first byte that differs (no strlen: this runs for every argument of
-    // a process that has not passed an array yet).
-    let named = b"numpy.ndarray\0".iter().enumerate().all(|(i, &b)| unsafe { *(*ty).tp_name.add(i) } as u8 == b);
-    // SAFETY: fields of a live type object.
-    let (flags, size) = unsafe { ((*ty).tp_flags, (*ty).tp_basicsize) };
-    let size_fits = usize::try_from(size).is_ok_and(|size| size >= core::mem::size_of::<NumpyArrayFields>());
-    named && flags & ffi::Py_TPFLAGS_HEAPTYPE == 0 && size_fits
+    // SAFETY: forwarded from the caller.
+    let named = unsafe { is_static_type_named(ty, c"numpy.ndarray") };
+    // SAFETY: a field of a live type object.
+    named && usize::try_from(unsafe { (*ty).tp_basicsize }).is_ok_and(|size| size >= core::mem::size_of::<NumpyArrayFields>())
 }
 
 /// Zero-copy import of an exact `numpy.ndarray` of a standard numeric dtype.
