@@ -52,8 +52,9 @@ pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py
 pub(crate) fn empty<'py>(shape: &Bound<'py, PyAny>, dtype: Option<&Bound<'py, PyAny>>, shared: bool) -> PyResult<Bound<'py, PyAny>> {
     let py = shape.py();
     if shared {
-        let make = py.import(pyo3::intern!(py, "dlbridge._shared"))?.getattr(pyo3::intern!(py, "empty"))?;
-        return make.call1((shape, dtype));
+        let make = crate::python_calls::import(py, pyo3::intern!(py, "dlbridge._shared"))?.getattr(pyo3::intern!(py, "empty"))?;
+        let dtype = dtype.map_or_else(|| py.None().into_bound(py), Bound::clone);
+        return crate::python_calls::call(&make, &pyo3::types::PyTuple::new(py, [shape.clone(), dtype])?);
     }
     zeros(shape, dtype)?.into_pyobject(py)
 }

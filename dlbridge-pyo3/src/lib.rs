@@ -74,6 +74,7 @@ mod handoff;
 pub mod import;
 mod moves;
 pub mod owner;
+mod python_calls;
 mod ready;
 mod tensor;
 #[cfg(feature = "testing")]

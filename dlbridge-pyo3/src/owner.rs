@@ -6,26 +6,40 @@ use core::alloc::Layout;
 use core::ptr::NonNull;
 
 use dlbridge::export::{export_view_in, BlockAllocator};
+use dlbridge::thread_exit::parking_on_exit;
 use dlbridge::{Device, ManagedAbi, TensorView};
 use pyo3::ffi;
 use pyo3::{Bound, PyAny, Python};
 
 /// Runs `release` with the GIL taken (`PyGILState_Ensure` is reentrant), or not
 /// at all once the interpreter is no longer initialised: the reference is then
-/// leaked, the pattern NumPy's deleter uses.
+/// leaked, the pattern NumPy's deleter uses. A daemon thread that CPython ends
+/// while it takes the GIL at interpreter exit parks there (see
+/// `dlbridge::thread_exit`); `release` guards its own calls into Python.
 fn with_gil_unless_finalized(release: impl FnOnce()) {
     // SAFETY: `Py_IsInitialized` may be called at any time; the GIL state calls
-    // pair up around `release`.
+    // pair up around `release`; the guarded closure only calls Ensure.
     unsafe {
         if ffi::Py_IsInitialized() == 0 {
             return;
         }
         // No PyGILState_Check shortcut: once a sub-interpreter exists, CPython
         // turns that check off and it answers 1 on every thread.
-        let gil = ffi::PyGILState_Ensure();
+        let gil = parking_on_exit(|| ffi::PyGILState_Ensure());
         release();
         ffi::PyGILState_Release(gil);
     }
+}
+
+/// Releases a strong reference, which may run finalizers (Python code that
+/// may give the GIL up and take it back), so that a daemon thread CPython ends
+/// meanwhile at interpreter exit parks instead of unwinding Rust frames.
+///
+/// # Safety
+/// `obj` is a strong reference the caller owns; the GIL is held.
+pub(crate) unsafe fn release_reference(obj: *mut ffi::PyObject) {
+    // SAFETY: forwarded from the caller; the closure only calls into Python.
+    unsafe { parking_on_exit(|| ffi::Py_DECREF(obj)) }
 }
 
 /// Exports `view`, memory that `obj` keeps alive, in one block from Python's
@@ -60,7 +74,7 @@ unsafe impl Send for HeldRef {}
 impl Drop for HeldRef {
     fn drop(&mut self) {
         // SAFETY: the GIL is held wherever a HeldRef is dropped (see the type).
-        unsafe { ffi::Py_DECREF(self.0) }
+        unsafe { release_reference(self.0) }
     }
 }
 
@@ -117,12 +131,31 @@ impl PyOwner {
     pub fn as_ptr(&self) -> *mut ffi::PyObject {
         self.0.as_ptr()
     }
+
+    /// The object, borrowed for as long as the GIL is held and `self` lives.
+    pub fn bind<'a, 'py>(&'a self, py: Python<'py>) -> pyo3::Borrowed<'a, 'py, PyAny> {
+        // SAFETY: a live object, kept alive by our strong reference.
+        unsafe { pyo3::Borrowed::from_ptr(py, self.0.as_ptr()) }
+    }
+
+    /// Takes over a strong reference.
+    ///
+    /// # Safety
+    /// `obj` is a non-NULL strong reference that the caller gives up.
+    pub(crate) unsafe fn from_owned_ptr(obj: NonNull<ffi::PyObject>) -> Self {
+        PyOwner(obj)
+    }
+
+    /// Gives the strong reference up to the caller.
+    pub(crate) fn into_ptr(self) -> *mut ffi::PyObject {
+        core::mem::ManuallyDrop::new(self).0.as_ptr()
+    }
 }
 
 impl Drop for PyOwner {
     fn drop(&mut self) {
         // SAFETY: with the GIL taken, releasing our own strong reference is sound.
-        with_gil_unless_finalized(|| unsafe { ffi::Py_DECREF(self.0.as_ptr()) });
+        with_gil_unless_finalized(|| unsafe { release_reference(self.0.as_ptr()) });
     }
 }
 
@@ -150,7 +183,8 @@ impl Drop for BufferOwner {
     fn drop(&mut self) {
         // SAFETY: with the GIL taken; the view was filled by PyObject_GetBuffer
         // and is released once.
-        with_gil_unless_finalized(|| unsafe { ffi::PyBuffer_Release(&mut *self.0) });
+        let view = core::ptr::from_mut(&mut *self.0);
+        with_gil_unless_finalized(|| unsafe { parking_on_exit(|| ffi::PyBuffer_Release(view)) });
     }
 }
 

@@ -74,6 +74,7 @@ pub mod ffi;
 mod formats;
 pub mod layout;
 pub mod streams;
+pub mod thread_exit;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod managed_abi;

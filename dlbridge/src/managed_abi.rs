@@ -58,11 +58,14 @@ macro_rules! prefix_items {
             &self.dl_tensor
         }
         unsafe fn delete(ptr: NonNull<Self>) {
+            let ptr = ptr.as_ptr();
             // SAFETY: the caller passes an owned tensor; `deleter` is in the
             // stable prefix, read by a place projection whatever the version.
+            // The deleter may run Python code (see `thread_exit`); the closure
+            // only calls it.
             unsafe {
-                if let Some(deleter) = (*ptr.as_ptr()).deleter {
-                    deleter(ptr.as_ptr());
+                if let Some(deleter) = (*ptr).deleter {
+                    crate::thread_exit::parking_on_exit(|| deleter(ptr));
                 }
             }
         }

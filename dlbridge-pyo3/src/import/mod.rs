@@ -273,7 +273,7 @@ fn import_anything(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: Rea
 }
 
 fn optional_attr<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Option<Bound<'py, PyAny>>> {
-    match obj.getattr(name) {
+    match crate::python_calls::getattr(obj, name) {
         Ok(value) => Ok(Some(value)),
         Err(err) if err.is_instance_of::<PyAttributeError>(obj.py()) => Ok(None),
         Err(err) => Err(err),

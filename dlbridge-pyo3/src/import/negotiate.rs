@@ -67,16 +67,13 @@ fn call_dlpack<'py>(obj: &Bound<'py, PyAny>, versioned: bool, stream: Option<i64
     // SAFETY: `args` holds self followed by one value per keyword name, in the
     // names' order, all borrowed from live objects for the duration of the
     // call; nargsf counts self only.
-    unsafe {
-        let result = ffi::PyObject_VectorcallMethod(intern!(py, "__dlpack__").as_ptr(), args.as_ptr(), 1, names.as_ptr());
-        Bound::from_owned_ptr_or_err(py, result)
-    }
+    unsafe { crate::python_calls::vectorcall_method(py, intern!(py, "__dlpack__"), &args, 1, names.as_ptr()) }
 }
 
 /// The producer's device, from `__dlpack_device__`; `None` when it has none,
 /// or it fails or says something that is no device.
 fn producer_device(obj: &Bound<'_, PyAny>) -> Option<Device> {
-    let device = obj.call_method0(intern!(obj.py(), "__dlpack_device__")).ok()?;
+    let device = crate::python_calls::call_method0(obj, intern!(obj.py(), "__dlpack_device__")).ok()?;
     crate::convert::parse_device_tuple(&device, "__dlpack_device__()").ok()
 }
 
@@ -156,7 +153,7 @@ pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptio
             // Early-draft producers land here too and return their legacy
             // capsule, the only ABI of the draft whose layout is certain.
             ready = None;
-            obj.call_method0(intern!(py, "__dlpack__")).map_err(|retry_err| {
+            crate::python_calls::call_method0(obj, intern!(py, "__dlpack__")).map_err(|retry_err| {
                 if retry_err.is_instance_of::<PyAttributeError>(py) && !has_dlpack(obj) {
                     no_dlpack(obj)
                 } else {

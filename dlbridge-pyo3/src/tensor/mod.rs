@@ -37,7 +37,7 @@ pub(crate) use pickle::_rebuild_tensor;
 
 use crate::any_owned::AnyOwned;
 use crate::errors::IntoPyResult;
-use crate::owner::ExceptionSafe;
+use crate::owner::{ExceptionSafe, PyOwner};
 use crate::ready::ReadyCell;
 use crate::writability::Writability;
 
@@ -54,7 +54,7 @@ pub struct Tensor {
     writability: Writability,
     /// The shared-memory segment the data lives in, if any: kept alive with
     /// the tensor, and asked to pickle it as a handle.
-    origin: Option<Py<PyAny>>,
+    origin: Option<PyOwner>,
     /// For device memory, where its data is ready (see `crate::ready`).
     ready: ReadyCell,
 }

@@ -199,7 +199,8 @@ impl TensorObject {
             return Ok(slf.clone().into_any());
         }
         let py = slf.py();
-        super::import_package(py, "dlbridge._shared", "share_memory()")?.getattr(intern!(py, "share_memory"))?.call1((slf,))
+        let share = super::import_package(py, "dlbridge._shared", "share_memory()")?.getattr(intern!(py, "share_memory"))?;
+        crate::python_calls::call1(&share, slf.as_any())
     }
 
     /// Whether the data lives in a shared-memory segment that pickles as a handle.
@@ -215,7 +216,8 @@ impl TensorObject {
         // Whatever route NumPy is given below, host code reads the memory next.
         slf.get().check_host_access()?;
         let py = slf.py();
-        super::import_package(py, "dlbridge._numpy", "numpy()")?.getattr(intern!(py, "to_numpy"))?.call1((slf,))
+        let to_numpy = super::import_package(py, "dlbridge._numpy", "numpy()")?.getattr(intern!(py, "to_numpy"))?;
+        crate::python_calls::call1(&to_numpy, slf.as_any())
     }
 
     /// A C-contiguous copy in fresh memory that Rust owns.

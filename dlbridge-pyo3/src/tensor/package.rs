@@ -25,6 +25,7 @@ use pyo3::{ffi, intern, IntoPyObject};
 use super::{Tensor, TensorObject};
 use crate::any_owned::AnyOwned;
 use crate::errors::{for_c_caller, IntoPyResult};
+use crate::owner::PyOwner;
 use crate::writability::Writability;
 
 /// The capsule's name, and its attribute of `dlbridge._native`.
@@ -147,8 +148,8 @@ fn package(py: Python<'_>) -> Option<&'static Package> {
 /// A module of the `dlbridge` Python package, for what only the package
 /// provides (pickling, shared memory, `numpy()`); without the package, an
 /// ImportError that says what needs it.
-pub(crate) fn import<'py>(py: Python<'py>, module: &str, what: &str) -> PyResult<Bound<'py, PyModule>> {
-    py.import(module).map_err(|err| {
+pub(crate) fn import<'py>(py: Python<'py>, module: &str, what: &str) -> PyResult<Bound<'py, PyAny>> {
+    crate::python_calls::import(py, &pyo3::types::PyString::new(py, module)).map_err(|err| {
         if err.is_instance_of::<PyImportError>(py) {
             PyImportError::new_err(format!(
                 "{what} needs the dlbridge Python package, which is not installed (pip install dlbridge): \
@@ -200,7 +201,7 @@ fn hand_over<'py>(py: Python<'py>, api: &TensorApi, tensor: Tensor) -> PyResult<
         writability: writability_code(writability),
         has_ready: u8::from(ready.is_some()),
         ready: ready.unwrap_or(0),
-        origin: origin.map_or(core::ptr::null_mut(), Py::into_ptr),
+        origin: origin.map_or(core::ptr::null_mut(), PyOwner::into_ptr),
     };
     // SAFETY: the package's function with a complete handover, which it takes
     // over entirely; the GIL is held.
@@ -216,7 +217,7 @@ unsafe extern "C" fn adopt(handover: *mut Handover) -> *mut ffi::PyObject {
 
 fn adopted(py: Python<'_>, h: Handover) -> PyResult<Bound<'_, PyAny>> {
     // SAFETY: a new reference handed over, or NULL.
-    let origin = unsafe { Bound::from_owned_ptr_or_opt(py, h.origin) }.map(Bound::unbind);
+    let origin = core::ptr::NonNull::new(h.origin).map(|origin| unsafe { PyOwner::from_owned_ptr(origin) });
     let owned = if h.versioned.is_null() {
         // SAFETY: an owned legacy tensor handed over; validated here, deleted on error.
         AnyOwned::Legacy(unsafe { OwnedLegacyTensor::from_raw(h.legacy) }.py()?)

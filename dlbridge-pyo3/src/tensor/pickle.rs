@@ -30,8 +30,7 @@ use super::{Tensor, TensorObject};
 use crate::any_owned::AnyOwned;
 use crate::convert::parse_dtype;
 use crate::errors::IntoPyResult;
-use crate::owner::open_buffer;
-use crate::owner::PyOwner;
+use crate::owner::{open_buffer, PyOwner};
 use crate::writability::Writability;
 
 /// The reads of a tensor's bytes that pickling and copying make, all of them:
@@ -150,7 +149,8 @@ pub(super) fn reduce_ex<'py>(slf: &Bound<'py, TensorObject>, protocol: i64) -> P
     let padded = new::bool(py, view.is_subbyte_padded());
     if let Some(origin) = &this.origin {
         let args = new::tuple(py, 4, [Ok(dtype), Ok(shape), Ok(writability), Ok(padded)])?;
-        return Ok(origin.bind(py).call_method1(intern!(py, "tensor_reduce"), args)?.cast_into::<PyTuple>()?);
+        let reduce = crate::python_calls::getattr(&origin.bind(py), intern!(py, "tensor_reduce"))?;
+        return Ok(crate::python_calls::call(&reduce, &args)?.cast_into::<PyTuple>()?);
     }
     check_cpu(this, "pickle")?;
     let source = if view.is_c_contiguous() {
@@ -177,7 +177,8 @@ pub(super) fn copy<'py>(slf: &Bound<'py, TensorObject>) -> PyResult<Bound<'py, P
     let this = slf.get();
     check_cpu(this, "copy")?;
     if this.origin.is_some() {
-        return super::import_package(py, "dlbridge._shared", "copying a shared tensor")?.getattr(intern!(py, "share_memory"))?.call1((slf,));
+        let share = super::import_package(py, "dlbridge._shared", "copying a shared tensor")?.getattr(intern!(py, "share_memory"))?;
+        return crate::python_calls::call1(&share, slf.as_any());
     }
     let copied = read::contiguous_copy(py, this)?;
     Ok(Bound::new(py, TensorObject::from(Tensor::with_writability(copied.into(), this.writability)))?.into_any())
@@ -197,7 +198,7 @@ pub(crate) fn _rebuild_tensor(
     shape: &Bound<'_, PyAny>,
     writability: &str,
     padded: bool,
-    origin: Option<Py<PyAny>>,
+    origin: Option<Bound<'_, PyAny>>,
 ) -> PyResult<Tensor> {
     let malformed = |why: String| PyValueError::new_err(format!("malformed dlbridge pickle: {why}"));
     let dtype = parse_dtype(dtype).map_err(|e| malformed(e.value(payload.py()).to_string()))?;
@@ -242,7 +243,7 @@ pub(crate) fn _rebuild_tensor(
     };
     // Writable memory, marked down to the pickled writability (unknown included).
     let mut tensor = Tensor::with_writability(owned.into(), writability);
-    tensor.origin = origin;
+    tensor.origin = origin.as_ref().map(PyOwner::new);
     Ok(tensor)
 }
 

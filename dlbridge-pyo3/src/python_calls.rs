@@ -1,0 +1,84 @@
+//! Calls from Rust frames into Python code that may run for a while: a
+//! producer's methods and properties, the package's helpers written in Python.
+//!
+//! Python code may give the GIL up (a blocking call, or the interpreter's
+//! regular hand-over between threads) and take it back; a daemon thread that
+//! takes it back while the interpreter exits is ended by CPython 3.13 and
+//! older with `pthread_exit`, which must not unwind this crate's frames or
+//! PyO3's. Each call here parks such a thread inside the call instead (see
+//! `dlbridge::thread_exit`). Calls into C code that runs no Python
+//! (NumPy's `__dlpack__`, torch's table) need no guard.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyString, PyTuple};
+use pyo3::ffi;
+
+use dlbridge::thread_exit::parking_on_exit;
+
+/// `callable(*args)`.
+pub(crate) fn call<'py>(callable: &Bound<'py, PyAny>, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyAny>> {
+    let (callable_ptr, args_ptr) = (callable.as_ptr(), args.as_ptr());
+    // SAFETY: live objects borrowed for the call, with the GIL held; the
+    // closure only calls into Python. A new reference or NULL with an error set.
+    unsafe {
+        let result = parking_on_exit(|| ffi::PyObject_Call(callable_ptr, args_ptr, core::ptr::null_mut()));
+        Bound::from_owned_ptr_or_err(callable.py(), result)
+    }
+}
+
+/// `callable(arg)`.
+pub(crate) fn call1<'py>(callable: &Bound<'py, PyAny>, arg: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    call(callable, &PyTuple::new(callable.py(), [arg])?)
+}
+
+/// `obj.name()`.
+pub(crate) fn call_method0<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+    let (obj_ptr, name_ptr) = (obj.as_ptr(), name.as_ptr());
+    // SAFETY: as in `call`.
+    unsafe {
+        let result = parking_on_exit(|| ffi::PyObject_CallMethodNoArgs(obj_ptr, name_ptr));
+        Bound::from_owned_ptr_or_err(obj.py(), result)
+    }
+}
+
+/// `obj.name`, which a property may compute in Python.
+pub(crate) fn getattr<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+    let (obj_ptr, name_ptr) = (obj.as_ptr(), name.as_ptr());
+    // SAFETY: as in `call`.
+    unsafe {
+        let result = parking_on_exit(|| ffi::PyObject_GetAttr(obj_ptr, name_ptr));
+        Bound::from_owned_ptr_or_err(obj.py(), result)
+    }
+}
+
+/// `import name`, which runs the module's code the first time.
+pub(crate) fn import<'py>(py: Python<'py>, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+    let name_ptr = name.as_ptr();
+    // SAFETY: as in `call`.
+    unsafe {
+        let result = parking_on_exit(|| ffi::PyImport_Import(name_ptr));
+        Bound::from_owned_ptr_or_err(py, result)
+    }
+}
+
+/// A vectorcall of method `name` with `args` (self first) and `kwnames`, as
+/// `PyObject_VectorcallMethod`.
+///
+/// # Safety
+/// As `PyObject_VectorcallMethod`: `args` holds `nargsf` positional values,
+/// self first, followed by one value per name in `kwnames` (a tuple or NULL),
+/// all live for the call.
+pub(crate) unsafe fn vectorcall_method<'py>(
+    py: Python<'py>,
+    name: &Bound<'py, PyString>,
+    args: &[*mut ffi::PyObject],
+    nargsf: usize,
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (name_ptr, args_ptr) = (name.as_ptr(), args.as_ptr());
+    // SAFETY: forwarded from the caller; the closure only calls into Python.
+    unsafe {
+        let result = parking_on_exit(|| ffi::PyObject_VectorcallMethod(name_ptr, args_ptr, nargsf, kwnames));
+        Bound::from_owned_ptr_or_err(py, result)
+    }
+}
