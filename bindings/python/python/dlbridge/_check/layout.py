@@ -43,7 +43,7 @@ def zero_d(target):
         expect(s.data != 0, f"{how}: data is NULL, but a 0-d array has one element")
         if s.device[0] in abi.CPU_LIKE:
             expect(len(abi.values_of(s) or []) == 1, f"{how}: cannot read its one element")
-    return ", ".join(f"shape {'NULL' if s.shape is None else s.shape}" for _, s in found)
+    return ", ".join(sorted({f"shape {'NULL' if s.shape is None else s.shape}" for _, s in found}))
 
 
 @rule("producer.strides", "strides count elements (row-major for a C-contiguous array); NULL only before 1.2",

@@ -1,42 +1,15 @@
 """Producer rules: what `__dlpack__` and `__dlpack_device__` must do, probed on the target's arrays.
-Capsules are read through ctypes (abi.py) and never consumed; the lifetime rules are in lifetime.py."""
-
-import itertools
+Capsules are read through ctypes (abi.py) and never consumed. A rule about a flag, a copy, a device or
+a stream judges every request it is about (exports.py), each export it makes; the lifetime rules are
+in lifetime.py."""
 
 from . import abi
+from .exports import (ABSENT, COPIES, LEGACY_VERSIONS, MAX_VERSIONS, SHARING, STREAMS, VERSIONED_VERSIONS, VPI, call,
+                      examples, export, export_all, legacy_request, other_device, overlap, own_devices, requests, snap,
+                      sole_copy, spell)
 from .rules import MUST, SHOULD, NotApplicable, Permitted, Violation, describe, expect, rule
 
-ABSENT = object()  # a keyword left out of the call, as opposed to passed as None
-VPI = (9, 0)  # kDLVPI, the Verilog simulator: a device no array library can reach
-LEGACY_VERSIONS = (ABSENT, None, (0, 0), (0, 8))
-VERSIONED_VERSIONS = ((1, 0), (1, 1), (1, 2), (1, 3), (1, 99), (2, 0))
-
-
-def spell(kw):
-    args = ", ".join(f"{k}={v!r}" for k, v in kw.items() if v is not ABSENT)
-    return f"__dlpack__({args})"
-
-
-def call(obj, **kw):
-    return obj.__dlpack__(**{k: v for k, v in kw.items() if v is not ABSENT})
-
-
-def legacy_request(kw):
-    mv = kw.get("max_version", ABSENT)
-    return mv is ABSENT or mv is None or mv[0] < 1
-
-
-def export(obj, **kw):
-    """(capsule, Snapshot); Violation if __dlpack__ returns anything but an unused DLPack capsule."""
-    capsule = call(obj, **kw)
-    try:
-        return capsule, abi.snapshot(capsule)
-    except (TypeError, ValueError) as exc:
-        raise Violation(f"{spell(kw)} returned {exc}") from None
-
-
-def snap(obj, **kw):
-    return export(obj, **kw)[1]
+__all__ = ["call", "each_export", "export"]  # for the other rule modules
 
 
 def offers_versioned(sample):
@@ -44,35 +17,34 @@ def offers_versioned(sample):
     return snap(sample.obj, max_version=(1, 3)).versioned
 
 
-def extent(s):
-    """[lo, hi): the bytes a snapshot's elements cover."""
-    shape = s.shape or []
-    if any(n == 0 for n in shape):
-        return s.start, s.start
-    strides = s.strides if s.strides is not None else abi.row_major(shape)
-    lo = sum((n - 1) * st for n, st in zip(shape, strides) if st < 0)
-    hi = sum((n - 1) * st for n, st in zip(shape, strides) if st > 0)
-    size = abi.itemsize(s.dtype)
-    return s.start + lo * size, s.start + (hi + 1) * size
-
-
-def refuses_legacy(sample):
+def exports(sample, kw):
+    """Whether the request gives a capsule (rather than raising)."""
     try:
-        call(sample.obj)
-    except BufferError:
-        return True
-    return False
+        call(sample.obj, **kw)
+    except Exception:
+        return False
+    return True
 
 
 def each_export(sample):
-    """(call, Snapshot) for a legacy and a versioned request; a legacy BufferError is skipped (the
-    negotiation and read-only rules judge those)."""
-    for kw in ({}, {"max_version": (1, 3)}):
+    """(call, Snapshot) for every max_version. The plain legacy request may be refused with BufferError
+    and the (1, 3) one must export; the others are judged where they export (the keywords and
+    negotiation rules judge their refusals)."""
+    for mv in MAX_VERSIONS:
+        kw = {} if mv is ABSENT else {"max_version": mv}
         try:
-            yield spell(kw), snap(sample.obj, **kw)
+            s = snap(sample.obj, **kw)
+        except Violation:
+            raise
         except BufferError:
-            if kw:
+            if mv == (1, 3):
                 raise
+            continue
+        except Exception:
+            if mv in (ABSENT, (1, 3)):
+                raise
+            continue
+        yield spell(kw), s
 
 
 def makes_capsules(sample):
@@ -103,12 +75,8 @@ def cpu_sample(target, kind="plain"):
       it's okay to raise BufferError here"]""")
 def keywords(target):
     sample = target.producer.sample("plain")
-    own = sample.obj.__dlpack_device__()
-    combos = itertools.product((ABSENT, None), (*LEGACY_VERSIONS, *VERSIONED_VERSIONS), (ABSENT, None, own),
-                               (ABSENT, None, False, True))
     bad, count = [], 0
-    for stream, mv, device, copy in combos:
-        kw = dict(stream=stream, max_version=mv, dl_device=device, copy=copy)
+    for kw in requests(MAX_VERSIONS, COPIES, own_devices(sample), (ABSENT, None)):
         count += 1
         try:
             export(sample.obj, **kw)
@@ -132,7 +100,7 @@ def keywords(target):
 def negotiation(target):
     sample = target.producer.sample("plain")
     seen = []
-    for mv in (*LEGACY_VERSIONS, *VERSIONED_VERSIONS):
+    for mv in MAX_VERSIONS:
         kw = {"max_version": mv}
         try:
             s = snap(sample.obj, **kw)
@@ -221,16 +189,25 @@ def keyword_only(target):
     raise Violation("__dlpack__(None) returned a capsule")
 
 
-@rule("producer.readonly-flag", "a read-only array's versioned capsule has READ_ONLY set", MUST, "dlpack.h",
-      "DLPACK_FLAG_BITMASK_READ_ONLY",
-      """bit mask to indicate that the tensor is read only. #define DLPACK_FLAG_BITMASK_READ_ONLY (1UL << 0UL)
-      [checker's note: a versioned capsule without it says the tensor may be written]""")
+@rule("producer.readonly-flag", "every versioned capsule of a read-only array has READ_ONLY set, whatever was asked",
+      MUST, "dlpack.h", "DLPACK_FLAG_BITMASK_READ_ONLY, DLPACK_FLAG_BITMASK_IS_COPIED",
+      """bit mask to indicate that the tensor is read only. #define DLPACK_FLAG_BITMASK_READ_ONLY (1UL << 0UL) ...
+      bit mask to indicate that the tensor is a copy made by the producer. If set, the tensor is considered solely
+      owned throughout its lifetime by the consumer, until the producer-provided deleter is invoked. [checker's
+      note: a versioned capsule without READ_ONLY says the tensor may be written, so every request (each
+      max_version, copy and dl_device) must keep it; only a copy the consumer owns alone may leave it out]""")
 def readonly_flag(target):
     sample = target.producer.sample("readonly")
-    s = snap(sample.obj, max_version=(1, 3))
-    if not s.versioned:
+    if not snap(sample.obj, max_version=(1, 3)).versioned:
         raise NotApplicable("the producer gives legacy capsules only (see producer.readonly-legacy)")
-    expect(s.flags & abi.READ_ONLY, f"flags are {s.flags}: READ_ONLY is not set")
+    devices = (*own_devices(sample), other_device(sample))
+    made, _ = export_all(sample.obj, requests(devices=devices))  # refusals are other rules' to judge
+    versioned = [m for m in made if m.s.versioned]
+    copies = [m for m in versioned if sole_copy(m, made)]
+    unmarked = [m for m in versioned if not m.s.flags & abi.READ_ONLY and m not in copies]
+    expect(not unmarked, f"READ_ONLY is not set in {len(unmarked)} of the {len(versioned)} versioned capsules of the "
+                         "read-only array: " + examples(f"{m.how} (flags={m.s.flags})" for m in unmarked))
+    return f"{len(versioned)} versioned capsules" + (f", {len(copies)} of them copies (IS_COPIED)" if copies else "")
 
 
 @rule("producer.readonly-legacy", "a read-only array's legacy capsule is refused with BufferError, or given",
@@ -242,104 +219,139 @@ def readonly_flag(target):
 def readonly_legacy(target):
     sample = target.producer.sample("readonly")
     makes_capsules(sample)
-    given = []
-    for kw in ({}, {"max_version": (0, 8)}, {"copy": False}):
-        try:
-            s = snap(sample.obj, **kw)
-        except BufferError:
-            continue
-        except Violation:
-            raise
-        except Exception as exc:
-            raise Violation(f"{spell(kw)} of a read-only array raised {describe(exc)}, not BufferError") from None
-        given.append(f"{spell(kw)} gave '{s.name}'")
+    made, raised = export_all(sample.obj, requests(LEGACY_VERSIONS, SHARING, own_devices(sample)))
+    wrong = [f"{spell(kw)} raised {describe(exc)}" for kw, exc in raised if not isinstance(exc, BufferError)]
+    expect(not wrong, "a read-only array's legacy request: " + examples(wrong) + ", not BufferError")
+    given = [f"{m.how} gave '{m.s.name}'" for m in made]
     if given:
-        raise Permitted(f"exports read-only arrays as legacy capsules, which cannot say so ({'; '.join(given)}); "
+        raise Permitted(f"exports read-only arrays as legacy capsules, which cannot say so ({examples(given)}); "
                         "no sentence requires a refusal")
-    return "refused with BufferError"
+    return f"{len(raised)} legacy requests refused with BufferError"
 
 
-@rule("producer.copy-true", "copy=True gives fresh memory with the same values, and IS_COPIED", MUST, "array-api",
-      "array.__dlpack__, parameter copy",
+@rule("producer.copy-true", "copy=True gives fresh memory with the same values, and IS_COPIED, in every request",
+      MUST, "array-api", "array.__dlpack__, parameter copy",
       """copy - If True, the function must always copy (performed by the producer). ... When a copy happens, the
-      DLPACK_FLAG_BITMASK_IS_COPIED flag must be set.""")
+      DLPACK_FLAG_BITMASK_IS_COPIED flag must be set. [checker's note: each max_version and dl_device; copies alive
+      together share no memory, as each consumer owns its copy alone]""")
 def copy_true(target):
     sample = target.producer.sample("plain")
     original, src = export(sample.obj, copy=False, max_version=(1, 3))
     want = abi.values_of(src)
-    checked = []
-    for kw in ({"copy": True, "max_version": (1, 3)}, {"copy": True}):
-        try:
-            keep, s = export(sample.obj, **kw)
-        except BufferError as exc:
-            if legacy_request(kw) and refuses_legacy(sample):
-                continue  # it refuses legacy capsules outright, which the array API allows
-            raise Violation(f"{spell(kw)} raised {describe(exc)}") from None
-        lo, hi = extent(s)
-        slo, shi = extent(src)
-        expect(hi <= slo or lo >= shi or lo == hi, f"{spell(kw)} returned memory overlapping the array's")
+    made, raised = export_all(sample.obj, requests(copies=(True,), devices=own_devices(sample)))
+    # A request refused without copy=True too (a legacy or 0.x one, say) is other rules' to judge
+    failed = [f"{spell(kw)} raised {describe(exc)}" for kw, exc in raised if exports(sample, {**kw, "copy": ABSENT})]
+    expect(not failed, examples(failed))
+    for m in made:
+        expect(not overlap(m.s, src), f"{m.how} returned memory overlapping the array's")
+        twin = next((o for o in made if o is not m and overlap(m.s, o.s)), None)
+        expect(twin is None, f"{m.how} and {twin.how if twin else ''} returned the same memory, which each "
+                             "consumer would own alone")
         if want is not None:
-            expect(abi.values_of(s) == want, f"{spell(kw)} returned different values")
-        if s.versioned:
-            expect(s.flags & abi.IS_COPIED, f"{spell(kw)} copied but left IS_COPIED unset (flags={s.flags})")
-        checked.append(s.name)
-        del keep
-    expect(checked, "no copy=True call succeeded")
-    return ", ".join(checked)
+            expect(abi.values_of(m.s) == want, f"{m.how} returned different values")
+        if m.s.versioned:
+            expect(m.s.flags & abi.IS_COPIED, f"{m.how} copied but left IS_COPIED unset (flags={m.s.flags})")
+    expect(made, "no copy=True call succeeded")
+    return f"{len(made)} copies: " + ", ".join(sorted({m.s.name for m in made}))
 
 
-@rule("producer.copy-false", "copy=False (and None) share the array's memory, without IS_COPIED", MUST,
+@rule("producer.copy-false", "copy=False, None or absent share the array's memory, without IS_COPIED", MUST,
       "array-api", "array.__dlpack__, parameter copy",
       """If False, the function must never copy, and raise a BufferError in case a copy is deemed necessary ... If
-      None, the function must reuse the existing memory buffer if possible and copy otherwise.""")
+      None, the function must reuse the existing memory buffer if possible and copy otherwise. [checker's note:
+      dlpack.h's IS_COPIED says "the tensor is considered solely owned throughout its lifetime by the consumer",
+      so on memory the array still shares it lets the consumer write the array: each max_version and dl_device,
+      for plain and read-only arrays]""")
 def copy_false(target):
     sample = cpu_sample(target)
     mv = (1, 3) if offers_versioned(sample) else ABSENT
-    held, starts = [], set()
-    for copy in (False, False, None, ABSENT):  # alive together: a copying producer would need fresh memory each
-        capsule, s = export(sample.obj, max_version=mv, copy=copy)
-        held.append(capsule)
-        starts.add(s.start)
-        if s.versioned and copy is False:
-            expect(not s.flags & abi.IS_COPIED, f"copy=False returned a capsule with IS_COPIED (flags={s.flags})")
-    expect(len(starts) == 1, f"exports alive together have {len(starts)} different data pointers: they copied")
+    # These must export, alive together: a copying producer would need fresh memory for each
+    held = [export(sample.obj, max_version=mv, copy=copy) for copy in (False, False, None, ABSENT)]
+    start = held[0][1].start
+    made, _ = export_all(sample.obj, requests(copies=SHARING, devices=own_devices(sample)))
+    moved = [m.how for m in made if m.s.start != start] + [spell({"copy": c}) for c, (_, s) in
+                                                           zip((False, False, None, ABSENT), held) if s.start != start]
+    expect(not moved, f"exports alive together have different data pointers, so these copied: {examples(moved)}")
+    judged = list(made)
+    try:
+        readonly = target.producer.sample("readonly")
+    except NotApplicable:
+        readonly = None
+    if readonly is not None:
+        ro, _ = export_all(readonly.obj, requests(copies=SHARING, devices=own_devices(readonly)))
+        # a legacy capsule cannot say read-only, so copy=None may copy one; the rest must share
+        ro = [m for m in ro if m.s.versioned or m.kw["copy"] is False]
+        starts = {m.s.start for m in ro}
+        expect(len(starts) <= 1, "the read-only array's exports alive together have different data pointers: "
+                                 + examples(f"{m.how} at {m.s.start:#x}" for m in ro))
+        judged += ro
+    flagged = [m.how for m in judged if m.s.versioned and m.s.flags & abi.IS_COPIED]
+    flagged += [spell({"copy": c}) for c, (_, s) in zip((False, False, None, ABSENT), held)
+                if s.versioned and s.flags & abi.IS_COPIED]
+    expect(not flagged, f"IS_COPIED set on memory the array still shares (a consumer may then write it), in "
+                        f"{len(flagged)} of {len(judged) + len(held)} exports: {examples(flagged)}")
+    return f"{len(judged) + len(held)} exports share the array's memory"
 
 
-@rule("producer.dl-device", "a dl_device the producer cannot reach raises BufferError", MUST, "array-api",
-      "array.__dlpack__, parameter dl_device",
-      """dl_device ... If the device type cannot be handled by the producer, this function must raise BufferError.""")
+@rule("producer.dl-device", "a dl_device the producer cannot reach raises BufferError, and so does one that needs a "
+      "copy under copy=False", MUST, "array-api", "array.__dlpack__, parameters dl_device and copy",
+      """dl_device ... If the device type cannot be handled by the producer, this function must raise BufferError.
+      ... copy ... If False, the function must never copy, and raise a BufferError in case a copy is deemed
+      necessary (e.g. if a cross-device data movement is requested, and it is not possible without a copy). ... When
+      a copy happens, the DLPACK_FLAG_BITMASK_IS_COPIED flag must be set. [checker's note: kDLVPI, which no array
+      library reaches, and another device (CUDA for a CPU array), in every max_version and copy; moving a device
+      array to the CPU under copy=False may raise ValueError too: "If a copy must be made to enable this support but
+      copy is set to False, the function must raise ValueError"]""")
 def dl_device(target):
     sample = target.producer.sample("plain")
     makes_capsules(sample)
-    for kw in ({"dl_device": VPI}, {"dl_device": VPI, "copy": True}, {"dl_device": VPI, "max_version": (1, 3)}):
-        try:
-            s = snap(sample.obj, **kw)
-        except BufferError:
-            continue
-        except Exception as exc:
-            raise Violation(f"{spell(kw)} (kDLVPI) raised {describe(exc)}, not BufferError") from None
-        raise Violation(f"{spell(kw)} (kDLVPI) returned a capsule on device {s.device}")
+    made, raised = export_all(sample.obj, requests(devices=(VPI,)))
+    bad = [f"{m.how} (kDLVPI) returned a capsule on device {m.s.device}" for m in made]
+    bad += [f"{spell(kw)} (kDLVPI) raised {describe(exc)}, not BufferError" for kw, exc in raised
+            if not isinstance(exc, BufferError)]
+    other = other_device(sample)
+    made, raised = export_all(sample.obj, requests(devices=(other,)))
+    for m in made:
+        if m.kw["copy"] is False:
+            bad.append(f"{m.how} returned a capsule on {m.s.device}, though the array is on another device")
+        elif m.s.device != other:
+            bad.append(f"{m.how} returned a capsule on device {m.s.device}")
+        elif m.s.versioned and not m.s.flags & abi.IS_COPIED:
+            bad.append(f"{m.how} copied to {other} but left IS_COPIED unset (flags={m.s.flags})")
+    to_cpu = ValueError if other == (1, 0) else BufferError  # the dl_device sentence, for a move to the CPU
+    for kw, exc in raised:
+        if not isinstance(exc, (BufferError, to_cpu) if kw["copy"] is False else BufferError):
+            bad.append(f"{spell(kw)} raised {describe(exc)}, not BufferError")
+    expect(not bad, examples(bad))
+    return f"kDLVPI refused; {other}: {len(made)} copies, {len(raised)} refusals"
 
 
 @rule("producer.stream-cpu", "a CPU array refuses a stream other than None (-1, no synchronization, is noted)",
       SHOULD, "array-api", "array.__dlpack__, parameter stream",
       """If stream is -1, the value may be used by the consumer to signal "producer must not perform any
-      synchronization". ... On CPU and other device types without streams, only None is accepted. [checker's note:
-      the sentence says what a CPU array takes, not that it must raise for anything else]""")
+      synchronization". ... On CPU and other device types without streams, only None is accepted. ... When dl_device
+      is provided explicitly, stream must be a valid construct for the specified device type. In particular, when
+      kDLCPU is in use, stream must be None [checker's note: the sentence says what a CPU array takes, not that it
+      must raise for anything else. Tried: -1, 0, 1, 2 and a stream handle, with and without max_version,
+      dl_device and copy=True]""")
 def stream_cpu(target):
     sample = cpu_sample(target)
     makes_capsules(sample)
-    accepted = []
-    for stream, mv in itertools.product((1, 2, -1), (ABSENT, (1, 3))):
+    accepted, count = [], 0
+    own = own_devices(sample)[2]
+    for kw in requests((ABSENT, (1, 3)), (ABSENT, True), (ABSENT, own), STREAMS):
+        count += 1
         try:
-            call(sample.obj, stream=stream, max_version=mv)
+            call(sample.obj, **kw)
         except Exception:
             continue
-        accepted.append((stream, spell({"stream": stream, "max_version": mv})))
-    expect(all(stream == -1 for stream, _ in accepted), f"accepted: {', '.join(how for _, how in accepted)}")
+        accepted.append(kw)
+    wrong = [spell(kw) for kw in accepted if kw["stream"] != -1]
+    expect(not wrong, f"accepted {len(wrong)} of {count} requests with a stream: {examples(wrong)}")
     if accepted:
         raise Permitted("accepted stream=-1 (\"producer must not perform any synchronization\"), which a CPU array "
                         "can honour")
+    return f"{count} requests with a stream refused"
 
 
 @rule("producer.device", "__dlpack_device__() is the device in the capsule, as a 2-tuple of ints", MUST,
@@ -352,6 +364,8 @@ def device(target):
         got = sample.obj.__dlpack_device__()
         expect(isinstance(got, tuple) and len(got) == 2 and all(isinstance(v, int) for v in got),
                f"__dlpack_device__() of the {kind} array returned {got!r}")
-        for _, s in each_export(sample):
+        found = [(how, s) for how, s in each_export(sample)]
+        made, _ = export_all(sample.obj, requests((ABSENT, (1, 3)), (ABSENT,), own_devices(sample)[1:]))
+        for how, s in found + [(m.how, m.s) for m in made]:
             expect(s.device == tuple(int(v) for v in got),
-                   f"{kind} array: __dlpack_device__() is {tuple(got)} but the {s.name} capsule says {s.device}")
+                   f"{kind} array: __dlpack_device__() is {tuple(got)} but {how} says {s.device}")
