@@ -114,11 +114,10 @@ def overlap(a, b):
     return alo < bhi and blo < ahi and a.device == b.device
 
 
-def sole_copy(m, made):
-    """Whether `m` says IS_COPIED and shares no byte with any other export alive beside it: a copy
-    the consumer may own alone (and write)."""
-    return bool(m.s.versioned and m.s.flags & abi.IS_COPIED) and not any(
-        other is not m and overlap(m.s, other.s) for other in made)
+def is_copy(m, made):
+    """Whether `m` shares no byte with any other export alive beside it: a copy, which the consumer
+    owns alone and may write (whether it says IS_COPIED is the copy rules' to judge)."""
+    return not any(other is not m and overlap(m.s, other.s) for other in made)
 
 
 def examples(items, n=3):

@@ -6,7 +6,7 @@ in lifetime.py."""
 from . import abi
 from .exports import (ABSENT, COPIES, LEGACY_VERSIONS, MAX_VERSIONS, SHARING, STREAMS, VERSIONED_VERSIONS, VPI, call,
                       examples, export, export_all, legacy_request, other_device, overlap, own_devices, requests, snap,
-                      sole_copy, spell)
+                      is_copy, spell)
 from .rules import MUST, SHOULD, NotApplicable, Permitted, Violation, describe, expect, rule
 
 __all__ = ["call", "each_export", "export"]  # for the other rule modules
@@ -203,11 +203,11 @@ def readonly_flag(target):
     devices = (*own_devices(sample), other_device(sample))
     made, _ = export_all(sample.obj, requests(devices=devices))  # refusals are other rules' to judge
     versioned = [m for m in made if m.s.versioned]
-    copies = [m for m in versioned if sole_copy(m, made)]
+    copies = [m for m in versioned if is_copy(m, made)]
     unmarked = [m for m in versioned if not m.s.flags & abi.READ_ONLY and m not in copies]
     expect(not unmarked, f"READ_ONLY is not set in {len(unmarked)} of the {len(versioned)} versioned capsules of the "
                          "read-only array: " + examples(f"{m.how} (flags={m.s.flags})" for m in unmarked))
-    return f"{len(versioned)} versioned capsules" + (f", {len(copies)} of them copies (IS_COPIED)" if copies else "")
+    return f"{len(versioned)} versioned capsules" + (f", {len(copies)} of them copies" if copies else "")
 
 
 @rule("producer.readonly-legacy", "a read-only array's legacy capsule is refused with BufferError, or given",
