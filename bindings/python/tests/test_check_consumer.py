@@ -37,6 +37,9 @@ BROKEN = {
     "consumer.legacy-fallback": [{"no_fallback": True}],
     "consumer.no-dl-device-copy": [{"always_keywords": True}],
     "consumer.asks-versioned": [{"legacy_only": True}],
+    # NumPy refuses them all ("NumPy only supports stream=None"); -1 and 0 are CUDA and ROCm values
+    "consumer.stream-cpu": [{"passes_stream": 1}, {"passes_stream": -1}, {"passes_stream": 0},
+                            {"passes_stream": 2 ** 40}, {"passes_stream": 1, "legacy_only": True}],
 }
 # rule: (defects, declared ignores_readonly) of variants its sentence allows, which pass with a note
 VARIANTS = {
@@ -125,6 +128,28 @@ def test_a_consumer_that_reads_nothing_passes_no_rule(consumer):
     assert not passed, passed
     if consumer is garbage_from_dlpack:
         assert all("never called __dlpack__" in r.detail for r in report.results), report
+
+
+def test_a_consumer_that_passes_a_stream_to_a_cpu_producer_passes_no_rule():
+    """It imports nothing from NumPy, which refuses any stream on CPU, so it imports nothing here."""
+    report = check_consumer(MiniConsumer(passes_stream=1), isolate=False)
+    passed = [r for r in report.results if r.status in ("pass", "noted", "n/a")]
+    assert not passed, passed
+    stream = next(r for r in report.results if r.rule == "consumer.stream-cpu")
+    assert stream.status == "fail" and "stream=1" in stream.detail and "(1, 0)" in stream.detail, stream
+    renames = next(r for r in report.results if r.rule == "consumer.renames")
+    assert "stream=1" in renames.detail, renames
+
+
+def test_the_checkers_producers_refuse_a_stream_as_a_cpu_producer_must():
+    from dlbridge._check.consumer import plain
+    from dlbridge._check.harness import Exporter, NoDeviceCopyExporter, PreVersionExporter
+
+    for exporter in (Exporter, PreVersionExporter, NoDeviceCopyExporter):
+        for stream in (-1, 0, 1, 2, 2 ** 40):
+            with pytest.raises(Exception, match="only None"):
+                exporter(plain()).__dlpack__(stream=stream)
+        exporter(plain()).drop()
 
 
 # Rules about what a consumer refuses or asks for, which need no values read.

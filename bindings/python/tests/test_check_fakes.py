@@ -103,17 +103,19 @@ class MiniConsumer:
 
     def __call__(self, x):
         d = self.d
+        # passes_stream: the stream it passes whatever the producer's device (False: none)
+        stream = {} if d["passes_stream"] is False else {"stream": d["passes_stream"]}
         if d["legacy_only"]:
-            capsule = x.__dlpack__()
+            capsule = x.__dlpack__(**stream)
         elif d["always_keywords"]:
-            capsule = x.__dlpack__(max_version=(1, 3), dl_device=(1, 0), copy=None)
+            capsule = x.__dlpack__(max_version=(1, 3), dl_device=(1, 0), copy=None, **stream)
         else:
             try:
-                capsule = x.__dlpack__(max_version=(1, 3))
+                capsule = x.__dlpack__(max_version=(1, 3), **stream)
             except TypeError:
                 if d["no_fallback"]:
                     raise
-                capsule = x.__dlpack__()
+                capsule = x.__dlpack__(**stream)
         name = abi.capsule_name(capsule)
         if name not in (abi.LEGACY, abi.VERSIONED) and not (d["accept_used"] and name.startswith("used_")):
             raise ValueError(f"not an unused DLPack capsule: {name!r}")
@@ -164,7 +166,8 @@ class MiniConsumer:
 DEFECTS = ("legacy_only", "always_keywords", "no_fallback", "accept_used", "leak_on_refusal", "no_major_check",
            "no_ndim_check", "max_ndim_32", "no_dtype_check", "no_bits_check", "require_shape", "no_shape_check",
            "refuse_null_data", "no_rename", "early_delete", "double_delete", "ignore_readonly", "null_strides_as_zero",
-           "ignore_strides", "ignore_byte_offset", "refuse_readonly", "refuse_strided", "truncate_ndim_32")
+           "ignore_strides", "ignore_byte_offset", "refuse_readonly", "refuse_strided", "truncate_ndim_32",
+           "passes_stream")
 
 
 class MiniArray:

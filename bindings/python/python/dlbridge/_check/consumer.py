@@ -8,7 +8,7 @@ import struct
 
 from . import abi
 from .harness import Exporter, NoDeviceCopyExporter, PreVersionExporter, floats, numbered, run
-from .rules import MUST, SHOULD, NotApplicable, Permitted, expect, rule
+from .rules import MUST, SHOULD, NotApplicable, Permitted, Violation, expect, rule
 
 SHAPE = (3, 4)
 HOLD = ("The consumer must transer ownership of the DLManangedTensor from the capsule to its own object. It does so "
@@ -42,8 +42,12 @@ def show(data):
 
 
 def asked(out):
-    """Evidence that the consumer took part: it called __dlpack__."""
+    """Evidence that the consumer took part: it called __dlpack__, and was handed the capsule."""
     expect(out.calls, f"it never called __dlpack__ (it returned {out.got}{', raising ' + out.error if out.error else ''})")
+    if out.kind is None:  # every call was refused, so it never had the tensor
+        streams = out.streams()
+        why = f"it passed stream={streams[0]!r} to a CPU producer; " if streams else ""
+        raise Violation(f"{why}every __dlpack__ call it made was refused ({out.calls}): {out.error}")
 
 
 def accepted(out, want=numbered(12), shape=SHAPE):
@@ -265,3 +269,20 @@ def asks_versioned(target):
     asked(out)
     expect(out.asked_versioned(), f"its __dlpack__ calls were {out.calls}")
     return f"max_version={next(c['max_version'] for c in out.calls if c.get('max_version'))}"
+
+
+@rule("consumer.stream-cpu", "the consumer passes no stream (or None) to a CPU producer", MUST, "array-api",
+      "array.__dlpack__, parameter stream", """stream is provided by the consumer to the producer ... On CPU and
+      other device types without streams, only None is accepted. ... When dl_device is provided explicitly, stream
+      must be a valid construct for the specified device type. In particular, when kDLCPU is in use, stream must be
+      None [checker's note: the checker's producers say (1, 0), kDLCPU, from __dlpack_device__(), and refuse any
+      other stream, as NumPy does]""")
+def stream_cpu(target):
+    out = run(target.consumer, Exporter(plain()))
+    expect(out.calls, f"it never called __dlpack__ (it returned {out.got})")
+    streams = out.streams()
+    if streams:
+        refusal = f", which refused it: {out.error}" if out.error else ""
+        raise Violation(f"it passed stream={streams[0]!r} to a producer whose __dlpack_device__() is (1, 0) "
+                        f"(kDLCPU){refusal}")
+    return accepted(out)

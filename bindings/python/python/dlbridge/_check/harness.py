@@ -23,9 +23,10 @@ def numbered(n):
 
 
 class Exporter:
-    """An array API producer over checker-built tensors: a versioned capsule for max_version >= (1, 0),
-    else legacy, made on first request by `build(versioned)`. Asked again, it returns the same capsule,
-    so a consumer that asks twice is not mistaken for one that frees twice."""
+    """An array API producer over checker-built tensors on the CPU: a versioned capsule for max_version
+    >= (1, 0), else legacy, made on first request by `build(versioned)`. Asked again, it returns the
+    same capsule, so a consumer that asks twice is not mistaken for one that frees twice. It refuses
+    what a CPU producer must: a stream other than None, another device, and (it cannot copy) a copy."""
 
     def __init__(self, build: Callable[[bool], abi.Managed], prefix=""):
         self.build, self.prefix = build, prefix  # prefix "used_": capsules some consumer already took
@@ -40,9 +41,11 @@ class Exporter:
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         self.calls.append({"stream": stream, "max_version": max_version, "dl_device": dl_device, "copy": copy})
-        return self._answer(max_version, dl_device, copy)
+        return self._answer(stream, max_version, dl_device, copy)
 
-    def _answer(self, max_version=None, dl_device=None, copy=None):
+    def _answer(self, stream, max_version=None, dl_device=None, copy=None):
+        if stream is not None:  # the array API's words, as NumPy (RuntimeError) and dlbridge (ValueError) do
+            raise ValueError(f"On CPU and other device types without streams, only None is accepted: got {stream!r}")
         if dl_device is not None and tuple(int(v) for v in dl_device) != (1, 0):
             raise BufferError(f"cannot export to device {dl_device}")
         if copy:
@@ -73,7 +76,7 @@ class PreVersionExporter(Exporter):
 
     def __dlpack__(self, stream=None):
         self.calls.append({"stream": stream})
-        return self._answer()
+        return self._answer(stream)
 
 
 class NoDeviceCopyExporter(Exporter):
@@ -81,7 +84,7 @@ class NoDeviceCopyExporter(Exporter):
 
     def __dlpack__(self, *, stream=None, max_version=None):
         self.calls.append({"stream": stream, "max_version": max_version})
-        return self._answer(max_version)
+        return self._answer(stream, max_version)
 
 
 @dataclass
@@ -156,6 +159,10 @@ class Outcome:
 
     def asked_versioned(self):
         return any((c.get("max_version") or (0,))[0] >= 1 for c in self.calls)
+
+    def streams(self):
+        """The streams other than None it passed (the checker's producers are on the CPU)."""
+        return [c["stream"] for c in self.calls if c.get("stream") is not None]
 
 
 def settle(condition, timeout=SETTLE_S):
