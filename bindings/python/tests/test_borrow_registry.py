@@ -24,11 +24,112 @@ def outcome(action):
         return f"refused: {err}"
 
 
-def test_the_registry_is_published_once_for_the_process():
-    # Under a name of its ABI major: a table of another major, published first, would otherwise
-    # leave each extension of this one with a registry of its own.
-    assert "_dlbridge_borrows_2" in sys.modules
-    assert type(sys.modules["_dlbridge_borrows_2"].api).__name__ == "PyCapsule"
+# The interpreter's state dict, which C code reaches and Python code does not (ctypes aside).
+INTERPRETER_DICT = """
+import ctypes
+_api = ctypes.pythonapi
+_api.PyInterpreterState_Get.restype = ctypes.c_void_p
+_api.PyInterpreterState_GetDict.restype = ctypes.c_void_p
+_api.PyInterpreterState_GetDict.argtypes = [ctypes.c_void_p]
+interpreter_dict = ctypes.cast(_api.PyInterpreterState_GetDict(_api.PyInterpreterState_Get()), ctypes.py_object).value
+"""
+
+
+def test_the_registry_is_published_once_where_only_c_code_reaches():
+    namespace = {}
+    exec(INTERPRETER_DICT, namespace)
+    assert type(namespace["interpreter_dict"]["dlbridge.borrow_registry"]).__name__ == "PyCapsule"
+
+
+# What each case does before dlbridge and scale_inplace import, then three attempts: a write in
+# scale_inplace while dlbridge's test hook holds the bytes writable, a write, and a read.
+REGISTRY_CHILD = """
+{before}
+import numpy as np, dlbridge
+{between}
+import scale_inplace
+from dlbridge import _native
+x8 = np.zeros(16, np.uint8)
+for act in (lambda: _native._while_borrowed(x8, lambda: scale_inplace.scale(x8.view(np.float32), 2.0), writable=True)[0],
+            lambda: scale_inplace.scale(x8.view(np.float32), 2.0), lambda: scale_inplace.total(x8.view(np.float32))):
+    try:
+        result = act()
+        print("refused (conflict)" if isinstance(result, BaseException) else "done")
+    except BufferError as e:
+        print(e)
+print(x8.tolist() == [0] * 16)
+"""
+
+
+def registry_child(before="", between=""):
+    code = REGISTRY_CHILD.format(before=before, between=between)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split("\n")[:4]
+
+
+@pytest.mark.parametrize("squat", [
+    pytest.param("", id="nothing"),
+    pytest.param("import sys, types\nfor n in ('_dlbridge_borrows_2', '_dlbridge_borrows'): sys.modules[n] = types.ModuleType(n)",
+                 id="sys.modules names taken first"),
+    pytest.param("import sys, types\nsys.modules['_dlbridge_borrows_2'] = types.SimpleNamespace(api=object())", id="a namespace"),
+])
+@pytest.mark.parametrize("between", [
+    pytest.param("", id="untouched"),
+    pytest.param("import sys\nfor n in [n for n in sys.modules if 'borrow' in n]: del sys.modules[n]", id="deleted between"),
+])
+def test_one_registry_whatever_python_code_does_to_sys_modules(squat, between):
+    # Each extension once found the registry in sys.modules at its first borrow: a name deleted
+    # between two extensions' first borrows gave two registries that never saw each other, and a
+    # live &[f32] changed under its reader (review S2). The registry is found where Python code
+    # cannot reach now: the two extensions see each other's borrows whatever sys.modules holds.
+    seen = registry_child(before=squat, between=between)
+    assert seen[0].startswith("cannot borrow this ndarray as writable"), seen
+    assert seen[1:] == ["done", "done", "False"], seen
+
+
+def test_a_registry_of_another_major_refuses_every_borrow_loudly():
+    # A build whose registry speaks another ABI major cannot see this one's borrows: refused,
+    # saying why, and never replaced by a second registry.
+    before = INTERPRETER_DICT + (
+        "class Table(ctypes.Structure):\n"
+        "    _fields_ = [('abi_major', ctypes.c_uint32), ('size', ctypes.c_uint32)] + [(f, ctypes.c_void_p) for f in 'abc']\n"
+        "table = Table(99, ctypes.sizeof(Table))\n"
+        "_api.PyCapsule_New.restype = ctypes.py_object\n"
+        "_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]\n"
+        "name = ctypes.c_char_p(b'dlbridge.borrow_registry')\n"
+        "interpreter_dict['dlbridge.borrow_registry'] = _api.PyCapsule_New(ctypes.addressof(table), name, None)\n"
+    )
+    seen = registry_child(before=before)
+    for line in seen[:3]:
+        assert "cannot borrow tensors here: another extension in this process published a borrow registry of ABI 99" in line, seen
+    assert seen[3] == "True", "nothing was written"
+
+
+def test_a_table_published_by_an_older_build_refuses_every_borrow():
+    # Builds before ABI 3 published their registry in sys.modules: one loaded first keeps a
+    # registry this build cannot see, so this build refuses (and leaves markers that make such a
+    # build loaded later refuse its own).
+    before = INTERPRETER_DICT + (
+        "import sys, types\n"
+        "_api.PyCapsule_New.restype = ctypes.py_object\n"
+        "_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]\n"
+        "name = ctypes.c_char_p(b'_dlbridge_borrows_2.api')\n"
+        "old = types.ModuleType('_dlbridge_borrows_2')\n"
+        "old.api = _api.PyCapsule_New(ctypes.addressof(ctypes.c_int(0)), name, None)\n"
+        "sys.modules['_dlbridge_borrows_2'] = old\n"
+    )
+    seen = registry_child(before=before)
+    for line in seen[:3]:
+        assert "an extension built with an older dlbridge-pyo3 keeps a registry of its own" in line, seen
+
+
+def test_markers_make_older_builds_refuse():
+    proc = subprocess.run([sys.executable, "-c", "import sys, dlbridge, numpy as np, scale_inplace\n"
+                           "scale_inplace.total(np.ones(2, np.float32))\n"
+                           "print([hasattr(sys.modules[n], 'api') for n in ('_dlbridge_borrows_2', '_dlbridge_borrows')])"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "[False, False]", proc.stdout + proc.stderr
 
 
 def test_another_extension_cannot_write_what_this_one_reads():
@@ -65,24 +166,3 @@ def test_dlbridge_host_readers_wait_behind_a_writer(name):
     assert seen.startswith("refused: cannot borrow this tensor as read"), seen
     assert t.tolist() == [1] * 8 and read() is not None
     assert _native._live_borrows() == 0
-
-
-@pytest.mark.parametrize("squatter", ["types.ModuleType('squatter')", "types.SimpleNamespace(api=object())"])
-def test_a_registry_name_held_by_anything_else_refuses_every_borrow(squatter):
-    # With the name taken before any extension published, each extension once kept a registry of
-    # its own: a second extension then wrote bytes the first held as &mut. Borrows are refused
-    # instead, saying why, and nothing is written.
-    code = (
-        f"import sys, types\nsys.modules['_dlbridge_borrows_2'] = {squatter}\n"
-        "import numpy as np, dlbridge, scale_inplace\n"
-        "from dlbridge import _native\n"
-        "x8 = np.zeros(16, np.uint8)\n"
-        "for act in (lambda: _native._while_borrowed(x8, lambda: scale_inplace.scale(x8.view(np.float32), 2.0), writable=True),\n"
-        "            lambda: scale_inplace.scale(x8.view(np.float32), 2.0), lambda: scale_inplace.total(x8.view(np.float32))):\n"
-        "    try:\n        act(); print('done')\n"
-        "    except BufferError as e:\n        print('refused' if \"_dlbridge_borrows_2'] holds something\" in str(e) else e)\n"
-        "print(x8.tolist() == [0] * 16)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split("\n")[:4] == ["refused", "refused", "refused", "True"], proc.stdout

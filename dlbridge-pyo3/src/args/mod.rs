@@ -315,10 +315,9 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
 }
 
 /// Runs now whatever Python code extraction could need (finding the borrow
-/// registry and the package's table, asking about the GIL), before any
-/// argument's pointers are taken.
+/// registry and the package's table), before any argument's pointers are taken.
 fn prepare(py: Python<'_>) {
-    crate::borrows::prepare_for_arguments(py);
+    crate::borrows::prepare();
     crate::tensor::prepare_package_api(py);
     crate::gil::release_in_driver_calls();
 }

@@ -15,6 +15,7 @@
 //! outside what Rust borrows can see.
 
 mod registry;
+mod table;
 
 use core::ffi::c_int;
 use core::marker::PhantomData;
@@ -25,26 +26,17 @@ use pyo3::prelude::*;
 
 use registry::{api, Conflict};
 
-/// Finds or publishes the process's registry now, so that extracting an
+/// Finds or publishes the interpreter's registry now, so that extracting an
 /// argument runs no Python code once a producer has handed over pointers.
 pub(crate) fn prepare() {
     let _ = api();
 }
 
-/// [`prepare`], and what a borrow asks of the interpreter, before any
-/// argument's pointers are taken.
-pub(crate) fn prepare_for_arguments(py: Python<'_>) {
-    prepare();
-    if let Err(err) = gil_build(py) {
-        drop(err); // asked again, and raised, at the borrow
-    }
-}
-
 /// A live borrow in the registry; released when dropped. It holds a
-/// `Python<'py>` marker, which is not `Send`, so it is dropped where the GIL
-/// is held (the registry's lock): it cannot move to another thread, nor into
-/// `Python::detach`, whose closure must be `Send`; and `'py` ends before the
-/// GIL is released for good.
+/// `Python<'py>` marker, which is not `Send`, so it is dropped on the thread
+/// that took it, attached (with a GIL, that is the registry's lock): it
+/// cannot move to another thread, nor into `Python::detach`, whose closure
+/// must be `Send`; and `'py` ends before the thread detaches for good.
 #[derive(Debug)]
 pub(crate) struct Borrow<'py> {
     id: u64,
@@ -55,27 +47,13 @@ impl Drop for Borrow<'_> {
     fn drop(&mut self) {
         if self.id != 0 {
             // An id was given out, so the registry is known.
-            if let Some(api) = api() {
+            if let Ok(api) = api() {
                 // SAFETY: the registry's own function, with an id it gave out;
-                // the GIL is held (the token's lifetime has not ended).
+                // the thread is attached (the token's lifetime has not ended).
                 unsafe { (api.release)(self.id) }
             }
         }
     }
-}
-
-/// Whether this interpreter has a GIL, the registry's lock: not a
-/// free-threaded build, where the GIL can be switched off (`PYTHON_GIL=0`)
-/// and back at any import. A build property, asked once; an error is not
-/// remembered.
-fn gil_build(py: Python<'_>) -> PyResult<bool> {
-    static HAS_GIL: pyo3::sync::PyOnceLock<bool> = pyo3::sync::PyOnceLock::new();
-    HAS_GIL
-        .get_or_try_init(py, || {
-            let disabled = py.import("sysconfig")?.call_method1("get_config_var", ("Py_GIL_DISABLED",))?;
-            Ok::<_, PyErr>(!disabled.is_truthy()?)
-        })
-        .copied()
 }
 
 /// The address space a view's bytes live in, as one number: all CPU-reachable
@@ -95,27 +73,15 @@ pub(crate) fn acquire<'py>(py: Python<'py>, view: &TensorView<'_>, exclusive: bo
 }
 
 /// [`acquire`] of bytes `bytes` of address space `space`.
-fn acquire_bytes<'py>(py: Python<'py>, space: u64, bytes: core::ops::Range<usize>, exclusive: bool, what: impl FnOnce() -> String) -> PyResult<Borrow<'py>> {
+fn acquire_bytes<'py>(_py: Python<'py>, space: u64, bytes: core::ops::Range<usize>, exclusive: bool, what: impl FnOnce() -> String) -> PyResult<Borrow<'py>> {
     if bytes.is_empty() {
         return Ok(Borrow { id: 0, _gil: PhantomData });
     }
-    if !gil_build(py)? {
-        return Err(PyBufferError::new_err(
-            "dlbridge-pyo3 borrows tensors under Python's GIL, and this free-threaded interpreter may run \
-             without it; use a CPython build with the GIL",
-        ));
-    }
-    let Some(api) = api() else {
-        return Err(PyBufferError::new_err(
-            "dlbridge-pyo3's borrow registry cannot be used: sys.modules['_dlbridge_borrows_2'] holds something \
-             other than its table, so extensions could not see each other's borrows; that name is dlbridge's, \
-             do not set it",
-        ));
-    };
+    let api = api().map_err(|unshared| PyBufferError::new_err(unshared.message()))?;
     let mut conflict = Conflict::default();
-    // SAFETY: the registry's own function, with a writable out pointer, with
-    // the GIL held (`py`).
-    let id = unsafe { (api.acquire)(space, bytes.start, bytes.end, c_int::from(exclusive), &mut conflict) };
+    // SAFETY: the registry's own function, with a writable out struct of the
+    // size passed, from an attached thread (`py`; with a GIL, it is held).
+    let id = unsafe { (api.acquire)(space, bytes.start, bytes.end, c_int::from(exclusive), &mut conflict, core::mem::size_of::<Conflict>()) };
     if id != 0 {
         return Ok(Borrow { id, _gil: PhantomData });
     }
@@ -204,6 +170,6 @@ impl<'a> ReadGuard<'a> {
 /// How many borrows are live in the process (for tests).
 #[cfg(feature = "testing")]
 pub(crate) fn live_count(_py: Python<'_>) -> usize {
-    // SAFETY: the registry's own function, with the GIL held.
+    // SAFETY: the registry's own function, from an attached thread.
     api().map_or(0, |api| unsafe { (api.live)() })
 }

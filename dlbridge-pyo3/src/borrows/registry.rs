@@ -1,32 +1,40 @@
-//! The one borrow registry of a process, shared by every extension that links
-//! dlbridge-pyo3 (any version speaking the same registry ABI), as rust-numpy
-//! shares its borrow checks through NumPy.
+//! The one borrow registry of an interpreter, shared by every extension that
+//! links dlbridge-pyo3 (any version speaking the same registry ABI), as
+//! rust-numpy shares its borrow checks through NumPy.
 //!
 //! The first extension to need it publishes a table of C functions in a
-//! capsule, in a module it adds to `sys.modules` under [`MODULE`]; the others
-//! find it there and call through it, so two extensions borrowing the same
-//! bytes see each other. Extension modules are never unloaded, so the table
-//! and the functions behind it live as long as the process. If the name holds
-//! anything else (a table of another major, or not a table), borrows are
-//! refused: a registry of this extension's own could not see the others'.
+//! capsule in the interpreter's state dict (`PyInterpreterState_GetDict`),
+//! which only C code reaches: Python code can neither remove it nor put
+//! something else there, so every extension finds the same table whatever
+//! `sys.modules` holds. The key is the same for every ABI major; a table of
+//! another major found there refuses borrows loudly, and is never replaced by
+//! a second registry that could not see the first one's borrows. Extension
+//! modules are never unloaded, so the table lives as long as the process.
+//!
+//! Builds before this one published their registry in `sys.modules`
+//! (`_dlbridge_borrows_2`, and `_dlbridge_borrows` before it). A table there
+//! is such a build's, which cannot see these borrows: borrows are refused
+//! then too, and a marker is left under those names so that such a build
+//! loaded later refuses its own.
 
-use core::cell::UnsafeCell;
 use core::ffi::{c_int, CStr};
 use core::sync::atomic::{AtomicPtr, Ordering};
 
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyModule;
+use pyo3::types::{PyModule, PyString};
 
-/// The `sys.modules` entry that carries the shared table: one per ABI major,
-/// so that a table of another major, published first, cannot keep the
-/// extensions of this one apart.
-const MODULE: &CStr = c"_dlbridge_borrows_2";
-/// The capsule's name, which is also its attribute in [`MODULE`].
-const CAPSULE: &CStr = c"_dlbridge_borrows_2.api";
-/// Changed only when a field's meaning changes; new fields are appended and counted by `size`.
-/// (2: the functions are called with the GIL held, which is their lock.)
-const ABI_MAJOR: u32 = 2; // also in MODULE and CAPSULE
+use super::table::{Locked, Refused};
+
+/// The key in the interpreter's dict, and the capsule's name: never changes.
+pub(crate) const KEY: &CStr = c"dlbridge.borrow_registry";
+/// Changed whenever a field's meaning or a struct passed through the table
+/// changes; new fields are appended and counted by `size`. (3: found in the
+/// interpreter's dict; locked by the GIL, or by a mutex on free-threaded
+/// builds; out-structs come with their size.)
+pub(crate) const ABI_MAJOR: u32 = 3;
+/// Where builds before ABI 3 published their tables, and their capsules' names.
+const LEGACY: [(&str, &CStr); 2] = [("_dlbridge_borrows_2", c"_dlbridge_borrows_2.api"), ("_dlbridge_borrows", c"_dlbridge_borrows.api")];
 
 /// A live borrow that a new one conflicts with.
 #[repr(C)]
@@ -40,8 +48,9 @@ pub(crate) struct Conflict {
     pub(crate) exclusive: bool,
 }
 
-/// The shared table. Fields are only appended; `size` says how many a publisher filled.
-/// Every function is called with the GIL held.
+/// The shared table. Fields are only appended; `size` says how many a
+/// publisher filled. On builds with a GIL every function is called with it
+/// held; on free-threaded builds from any attached thread.
 #[repr(C)]
 pub(crate) struct RegistryApi {
     /// [`ABI_MAJOR`] of the publisher.
@@ -50,85 +59,48 @@ pub(crate) struct RegistryApi {
     pub(crate) size: u32,
     /// Registers a borrow of bytes `start..end` (non-empty) of address space
     /// `space`: a non-zero id, or 0 when it conflicts with a live borrow,
-    /// which is then described in `*conflict` (may be NULL), or when there was
-    /// no memory to record it (`*conflict` untouched). A shared borrow
-    /// conflicts with an exclusive one, an exclusive one with any.
-    pub(crate) acquire: unsafe extern "C" fn(space: u64, start: usize, end: usize, exclusive: c_int, conflict: *mut Conflict) -> u64,
+    /// which is then described in `*conflict` (`conflict_size` bytes of it at
+    /// most; may be NULL), or when there was no memory to record it
+    /// (`*conflict` untouched). A shared borrow conflicts with an exclusive
+    /// one, an exclusive one with any.
+    pub(crate) acquire:
+        unsafe extern "C" fn(space: u64, start: usize, end: usize, exclusive: c_int, conflict: *mut Conflict, conflict_size: usize) -> u64,
     /// Ends the borrow `id` (0 is ignored).
     pub(crate) release: unsafe extern "C" fn(id: u64),
     /// How many borrows are live.
     pub(crate) live: unsafe extern "C" fn() -> usize,
 }
 
-struct Entry {
-    id: u64,
-    space: u64,
-    start: usize,
-    end: usize,
-    exclusive: bool,
-}
+static LIVE: Locked = Locked::new();
 
-/// The live borrows and the next id to give out. The GIL is their lock:
-/// every function of the table is called with it held (their contract), so
-/// one thread at a time reaches them, and an extension call pays for no
-/// atomic instruction here. (A `Mutex` would cost two per borrow, a tenth of
-/// a one-argument call; borrows that Rust code could end without the GIL
-/// hold a `Python` token instead, see `Borrow`.)
-struct Live(UnsafeCell<(Vec<Entry>, u64)>);
-
-// SAFETY: the cell is reached only from the table's functions, whose callers
-// hold the GIL, which one thread holds at a time.
-unsafe impl Sync for Live {}
-
-static LIVE: Live = Live(UnsafeCell::new((Vec::new(), 1)));
-
-/// The live borrows and the next id.
-///
-/// # Safety
-/// The caller holds the GIL and drops the result before anything else
-/// (another call of this function included) can run.
-#[allow(clippy::mut_from_ref)]
-unsafe fn live_entries() -> &'static mut (Vec<Entry>, u64) {
-    // SAFETY: forwarded from the caller: the GIL excludes every other thread,
-    // and the caller every other reference on this one.
-    unsafe { &mut *LIVE.0.get() }
-}
-
-unsafe extern "C" fn acquire(space: u64, start: usize, end: usize, exclusive: c_int, conflict: *mut Conflict) -> u64 {
-    let exclusive = exclusive != 0;
-    // SAFETY: the caller holds the GIL (this function's contract); nothing below calls out.
-    let (live, next_id) = unsafe { live_entries() };
-    let clash = live.iter().find(|e| e.space == space && e.start < end && start < e.end && (exclusive || e.exclusive));
-    if let Some(other) = clash {
-        if !conflict.is_null() {
-            // SAFETY: the caller's out pointer, checked non-NULL.
-            unsafe { conflict.write(Conflict { start: other.start, end: other.end, exclusive: other.exclusive }) };
+unsafe extern "C" fn acquire(space: u64, start: usize, end: usize, exclusive: c_int, conflict: *mut Conflict, conflict_size: usize) -> u64 {
+    // SAFETY: the table's contract (the GIL held on builds with one);
+    // `acquire` calls nothing out.
+    let outcome = unsafe { LIVE.with(|borrows| borrows.acquire(space, start, end, exclusive != 0)) };
+    match outcome {
+        Ok(id) => id,
+        Err(Refused::Conflict { start, end, exclusive }) => {
+            if !conflict.is_null() {
+                let described = Conflict { start, end, exclusive };
+                let size = conflict_size.min(core::mem::size_of::<Conflict>());
+                // SAFETY: the caller's out struct, writable for `conflict_size`
+                // bytes; no more than ours are written.
+                unsafe { core::ptr::copy_nonoverlapping(core::ptr::from_ref(&described).cast::<u8>(), conflict.cast::<u8>(), size) };
+            }
+            0
         }
-        return 0;
+        Err(Refused::NoMemory) => 0,
     }
-    // No allocation on the common path: the list keeps its capacity between calls.
-    if live.try_reserve(1).is_err() {
-        return 0;
-    }
-    let id = *next_id;
-    *next_id += 1;
-    live.push(Entry { id, space, start, end, exclusive });
-    id
 }
 
 unsafe extern "C" fn release(id: u64) {
-    if id != 0 {
-        // SAFETY: as in `acquire`.
-        let (live, _) = unsafe { live_entries() };
-        if let Some(i) = live.iter().rposition(|e| e.id == id) {
-            live.swap_remove(i);
-        }
-    }
+    // SAFETY: as in `acquire`.
+    unsafe { LIVE.with(|borrows| borrows.release(id)) }
 }
 
 unsafe extern "C" fn live() -> usize {
     // SAFETY: as in `acquire`.
-    unsafe { live_entries() }.0.len()
+    unsafe { LIVE.with(|borrows| borrows.count()) }
 }
 
 static OWN: RegistryApi = RegistryApi {
@@ -139,61 +111,125 @@ static OWN: RegistryApi = RegistryApi {
     live,
 };
 
-/// The process's registry: the one published in `sys.modules`, published
-/// by this extension if no other did first. `None` while that name holds
-/// anything else (not a table, or one of another major): extensions that
-/// cannot see each other's borrows must not borrow at all.
+/// Why this extension may not borrow.
+#[derive(Debug)]
+pub(crate) enum Unshared {
+    /// The interpreter's registry speaks another ABI major.
+    OtherMajor(u32),
+    /// The interpreter's entry is not a registry table, or an incomplete one.
+    NotATable,
+    /// An older build published its own registry in `sys.modules[name]`.
+    Legacy(&'static str),
+    /// The registry could not be found or published (no memory).
+    Unavailable,
+}
+
+impl Unshared {
+    /// What the BufferError of a refused borrow says.
+    pub(crate) fn message(&self) -> String {
+        let why = match self {
+            Unshared::OtherMajor(major) => format!(
+                "another extension in this process published a borrow registry of ABI {major}, and this one speaks ABI {ABI_MAJOR}"
+            ),
+            Unshared::NotATable => "the interpreter's borrow-registry entry is not a registry table".to_owned(),
+            Unshared::Legacy(name) => format!(
+                "an extension built with an older dlbridge-pyo3 keeps a registry of its own (sys.modules[{name:?}]) that cannot see this one's"
+            ),
+            Unshared::Unavailable => "the interpreter's borrow registry could not be found or published".to_owned(),
+        };
+        format!(
+            "dlbridge-pyo3 cannot borrow tensors here: {why}; extensions that cannot see each other's borrows could \
+             alias a tensor that one of them writes, so none may borrow. Rebuild the extensions against one dlbridge-pyo3"
+        )
+    }
+}
+
+/// The interpreter's registry, found (or published) once; the refusal
+/// otherwise, which is not remembered: the next borrow asks again.
 #[inline]
-pub(crate) fn api() -> Option<&'static RegistryApi> {
+pub(crate) fn api() -> Result<&'static RegistryApi, Unshared> {
     let known = API.load(Ordering::Acquire);
     if known.is_null() {
         return find_api();
     }
     // SAFETY: only 'static tables are stored.
-    Some(unsafe { &*known })
+    Ok(unsafe { &*known })
 }
 
 /// The table [`api`] hands out, once found.
 static API: AtomicPtr<RegistryApi> = AtomicPtr::new(core::ptr::null_mut());
 
 #[cold]
-fn find_api() -> Option<&'static RegistryApi> {
-    // Two threads may both look: `setdefault` gives both the same table, and
-    // the first one stored is the one every caller uses. Not finding one is
-    // not remembered: the next borrow asks again.
-    let found = core::ptr::from_ref(Python::attach(shared)?).cast_mut();
-    let kept = match API.compare_exchange(core::ptr::null_mut(), found, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => found,
-        Err(first) => first,
-    };
-    // SAFETY: only 'static tables are stored.
-    Some(unsafe { &*kept })
+fn find_api() -> Result<&'static RegistryApi, Unshared> {
+    let found = Python::attach(shared)?;
+    // Two threads may both look: both find the same table in the dict.
+    API.store(core::ptr::from_ref(found).cast_mut(), Ordering::Release);
+    Ok(found)
 }
 
-/// Finds the published table, or publishes ours; `None` if `sys.modules`
-/// cannot be used or holds anything but a table this version speaks.
-fn shared(py: Python<'_>) -> Option<&'static RegistryApi> {
-    let result = (|| -> PyResult<Option<&'static RegistryApi>> {
-        let module = PyModule::new(py, MODULE.to_str().unwrap_or("_dlbridge_borrows_2"))?;
-        let own = core::ptr::addr_of!(OWN).cast_mut().cast();
-        // SAFETY: a static table outlives the capsule; no destructor is needed.
-        let capsule = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyCapsule_New(own, CAPSULE.as_ptr(), None))? };
-        module.setattr("api", capsule)?;
-        let modules = py.import("sys")?.getattr("modules")?;
-        // setdefault is atomic: of two extensions publishing at once, one wins.
-        let published = modules.call_method1("setdefault", (MODULE.to_str().unwrap_or("_dlbridge_borrows_2"), module))?;
-        let capsule = published.getattr("api")?;
-        // SAFETY: a name check on a live object; IsValid never raises.
-        if unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), CAPSULE.as_ptr()) } != 1 {
-            return Ok(None);
+/// Finds the table in the interpreter's dict, or publishes ours there.
+fn shared(py: Python<'_>) -> Result<&'static RegistryApi, Unshared> {
+    let found = published(py).ok_or(Unshared::Unavailable)?;
+    // SAFETY: a name check on a live object; IsValid never raises.
+    if unsafe { ffi::PyCapsule_IsValid(found.as_ptr(), KEY.as_ptr()) } != 1 {
+        return Err(Unshared::NotATable);
+    }
+    // SAFETY: a valid capsule of this name holds a table that lives as long as
+    // the process and starts with its major and size, read before anything else.
+    let table = unsafe { ffi::PyCapsule_GetPointer(found.as_ptr(), KEY.as_ptr()).cast::<RegistryApi>() };
+    // SAFETY: as above.
+    let [major, size] = unsafe { table.cast::<[u32; 2]>().read() };
+    if major != ABI_MAJOR {
+        return Err(Unshared::OtherMajor(major));
+    }
+    if (size as usize) < core::mem::size_of::<RegistryApi>() {
+        return Err(Unshared::NotATable);
+    }
+    check_legacy(py)?;
+    // SAFETY: as above; the table has every field this version reads.
+    Ok(unsafe { &*table })
+}
+
+/// `interpreter_dict.setdefault(KEY, capsule of OWN)`: the entry there after.
+fn published(py: Python<'_>) -> Option<Bound<'_, PyAny>> {
+    let key = PyString::new(py, KEY.to_str().ok()?);
+    let own = core::ptr::addr_of!(OWN).cast_mut().cast();
+    // SAFETY: a static table outlives the capsule; no destructor is needed.
+    let capsule = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyCapsule_New(own, KEY.as_ptr(), None)) };
+    let Some(capsule) = capsule else {
+        drop(PyErr::take(py));
+        return None;
+    };
+    // SAFETY: the current interpreter's dict (borrowed; NULL with no error set
+    // if it has none); SetDefault is atomic, so of two extensions publishing at
+    // once one wins, and returns a borrowed reference to the entry.
+    unsafe {
+        let dict = ffi::PyInterpreterState_GetDict(ffi::PyInterpreterState_Get());
+        if dict.is_null() {
+            return None;
         }
-        // SAFETY: a valid capsule of this name holds a table that lives as long as the process.
-        let table = unsafe { &*ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE.as_ptr()).cast::<RegistryApi>() };
-        let complete = table.size as usize >= core::mem::size_of::<RegistryApi>();
-        Ok((table.abi_major == ABI_MAJOR && complete).then_some(table))
-    })();
-    result.unwrap_or_else(|err| {
-        drop(err);
-        None
-    })
+        let entry = ffi::PyDict_SetDefault(dict, key.as_ptr(), capsule.as_ptr());
+        if entry.is_null() {
+            drop(PyErr::take(py));
+            return None;
+        }
+        Some(Bound::from_borrowed_ptr(py, entry))
+    }
+}
+
+/// Refuses when an older build published its registry in `sys.modules`, and
+/// leaves markers there that make such a build, loaded later, refuse its own.
+fn check_legacy(py: Python<'_>) -> Result<(), Unshared> {
+    let modules = py.import("sys").and_then(|sys| sys.getattr("modules")).map_err(|_| Unshared::Unavailable)?;
+    for (name, capsule_name) in LEGACY {
+        let marker = PyModule::new(py, name).map_err(|_| Unshared::Unavailable)?;
+        // A module without `api`: those builds find no table and refuse.
+        let entry = modules.call_method1("setdefault", (name, marker)).map_err(|_| Unshared::Unavailable)?;
+        let Ok(capsule) = entry.getattr("api") else { continue };
+        // SAFETY: a name check on a live object; IsValid never raises.
+        if unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), capsule_name.as_ptr()) } == 1 {
+            return Err(Unshared::Legacy(name));
+        }
+    }
+    Ok(())
 }
