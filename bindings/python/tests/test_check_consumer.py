@@ -169,6 +169,21 @@ def test_a_crashing_consumer_is_reported_and_the_other_rules_still_run():
     assert proc.returncode == 1
 
 
+@pytest.mark.parametrize("consumer,rule_id,how", [
+    ("aborts_on_negative_ndim_from_dlpack", "consumer.negative-ndim", "process crashed (exit -6, SIGABRT)"),
+    ("hangs_on_unknown_dtype_from_dlpack", "consumer.unknown-dtype", "process timed out after 10"),
+])
+def test_a_crash_or_a_hang_fails_its_rule_whatever_the_level(consumer, rule_id, how):
+    assert RULES[rule_id].level == "SHOULD"  # a broken SHOULD rule only warns; a dead process is no variant
+    proc = subprocess.run([sys.executable, "-m", "dlbridge", "check", "--json", f"test_check_fakes:{consumer}",
+                           "--only", f"consumer.renames,{rule_id}", "--timeout", "10"], capture_output=True,
+                          text=True, timeout=300, env=_env())
+    (target,) = json.loads(proc.stdout)["targets"]
+    by_rule = {r["rule"]: r for r in target["results"]}
+    assert by_rule[rule_id]["status"] == "fail" and by_rule[rule_id]["detail"].startswith(how), by_rule
+    assert by_rule["consumer.renames"]["status"] == "pass" and proc.returncode == 1
+
+
 def _env():
     here = str(Path(__file__).parent)
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}

@@ -218,6 +218,31 @@ def crashing_from_dlpack(x):
     return MiniConsumer()(_Again(capsule))
 
 
+def aborts_on_negative_ndim_from_dlpack(x):
+    """MiniConsumer that aborts on ndim < 0 (consumer.negative-ndim is a SHOULD rule), as torch segfaults."""
+    return _crashes_unless(x, lambda s: s.ndim >= 0, _abort)
+
+
+def hangs_on_unknown_dtype_from_dlpack(x):
+    """MiniConsumer that never returns from a tensor of unknown dtype (consumer.unknown-dtype: SHOULD)."""
+    import time
+
+    return _crashes_unless(x, lambda s: s.dtype[0] != 99, lambda: time.sleep(3600))
+
+
+def _abort():
+    import os
+
+    os.abort()
+
+
+def _crashes_unless(x, fine, crash):
+    capsule = x.__dlpack__(max_version=(1, 3))
+    if not fine(abi.snapshot(capsule)):
+        crash()
+    return MiniConsumer()(_Again(capsule))
+
+
 class _Again:
     def __init__(self, capsule):
         self.capsule = capsule

@@ -227,6 +227,49 @@ class AcceptsStreamWhenCopying(FakeArray):
         return super().__dlpack__(stream=None if copy else stream, copy=copy, **kw)
 
 
+# --- crashes: a dead process fails its rule, whatever the rule's level --------------------------------
+
+class AbortsOnUnknownKeyword(FakeArray):
+    """producer.unknown-keyword is a SHOULD rule: a wrong exception warns, but this takes the process down."""
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None, **unknown):
+        if unknown:
+            import os
+
+            os.abort()
+        return super().__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+
+def _table_that_aborts():
+    from test_check import Wrapped, table_capsule
+
+    @abi.STREAM
+    def aborts(device_type, device_id, out):
+        import os
+
+        os.abort()
+
+    class TableStreamAborts(Wrapped):
+        __dlpack_c_exchange_api__ = table_capsule(current_work_stream=aborts)
+
+    return TableStreamAborts
+
+
+def table_stream_aborts(shape, readonly=False):
+    """exchange.current-work-stream is a MAY rule; this table's current_work_stream aborts."""
+    return _table_that_aborts()(shape, readonly)
+
+
+@pytest.mark.parametrize("spec,rule_id,level", [
+    ("test_check_requests:AbortsOnUnknownKeyword", "producer.unknown-keyword", "SHOULD"),
+    ("test_check_requests:table_stream_aborts", "exchange.current-work-stream", "MAY"),
+])
+def test_a_crash_fails_its_rule_whatever_the_level(spec, rule_id, level):
+    assert RULES[rule_id].level == level
+    (result,) = check_producer(spec, only=[rule_id]).results
+    assert result.status == "fail" and result.detail.startswith("process crashed (exit -6, SIGABRT)"), result
+
+
 # rule: (correct, [broken: must break the rule at its level], [allowed: must pass, or pass noted])
 CASES = {
     "producer.copy-false": (FakeArray, [CopiedFlagWhileSharing, CopiedFlagForCopyNone, CopiedFlagForCopyAbsent,

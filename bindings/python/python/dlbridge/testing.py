@@ -1,7 +1,8 @@
 """DLPack conformance rules for another library's own tests: the rules of `python -m dlbridge check`, as
 functions and as a pytest plugin. Each failure names the rule, what happened, and the specification
 sentence it breaks. A rule carries its sentence's strength: breaking a MUST rule fails, a SHOULD rule
-warns (a pytest warning), a MAY rule or a variant the sentence allows passes with a note.
+warns (a pytest warning), a MAY rule or a variant the sentence allows passes with a note. A crash or
+a hang in a child process fails its rule, whatever the level.
 
 As functions:
 
@@ -90,7 +91,7 @@ class ConformanceReport:
 
     @property
     def failures(self):
-        """MUST rules broken."""
+        """MUST rules broken, and rules whose probe crashed or hung."""
         return [r for r in self.results if r.status == "fail"]
 
     @property
@@ -100,7 +101,7 @@ class ConformanceReport:
 
     @property
     def ok(self):
-        """No MUST rule broken."""
+        """No MUST rule broken, no crash, no hang."""
         return not self.failures
 
     def __str__(self):

@@ -6,8 +6,9 @@ shape (a producer) or, if its name says from_dlpack, consumes one. Each rule quo
 sentence it comes from, and carries that sentence's strength: breaking a MUST rule fails, a SHOULD rule
 warns, and a MAY rule (or a variant a sentence allows) passes with a note. Rules run in child processes,
 whose results come back on a channel of their own, so a library that crashes, or prints, is reported
-right. Exit status: 0 when no MUST rule failed, 1 when one did, 2 when a target cannot be checked. The
-same rules are functions in dlbridge.testing.
+right; a crash or a hang fails the rule it happened in, whatever its level. Exit status: 0 when no
+rule failed, 1 when one did, 2 when a target cannot be checked. The same rules are functions in
+dlbridge.testing.
 """
 
 import argparse

@@ -5,7 +5,8 @@ variant the sentence allows: pass, noted), NotApplicable (with why) or Violation
 Any other exception from the library under test is a violation too, reported as it was raised.
 
 A violation's verdict is the strength of the sentence the rule quotes: MUST fails, SHOULD warns,
-and MAY passes with a note. A rule's quote is the specification's text, verbatim ("..." where it
+and MAY passes with a note. A crash or a hang fails whatever the level: no sentence allows taking
+the consumer's or the producer's process down. A rule's quote is the specification's text, verbatim ("..." where it
 skips); text in [brackets] is the checker's note, saying what the rule infers where the sentence is
 not explicit, and why the level is what it is where the sentence has no "must", "should" or "may"."""
 
@@ -147,6 +148,11 @@ def describe(exc):
 def violated(r: Rule, detail: str) -> Result:
     """The verdict on a violation of `r`: fail, warn or noted, as its sentence's level says."""
     return Result(r.id, VERDICT[r.level], detail)
+
+
+def died(r: Rule, detail: str) -> Result:
+    """The verdict on a process that crashed or hung in `r`'s probe: a failure, whatever r's level."""
+    return Result(r.id, "fail", detail)
 
 
 def run_rule(r: Rule, target) -> Result:

@@ -7,7 +7,7 @@ import sys
 
 from . import isolate
 from .catalogue import load_all
-from .rules import Result, run_rule, violated
+from .rules import Result, died, run_rule
 from .targets import resolve
 
 DEFAULT_TIMEOUT = 300  # seconds per child; a child that hangs costs the rule it hung on
@@ -38,7 +38,7 @@ def run_isolated(spec, rules, role=None, ignores_readonly=None, timeout=DEFAULT_
     for r in rules:
         rec = records[r.id]
         if "crashed" in rec:
-            out.append(violated(r, rec["crashed"]))  # a crash breaks the rule it happened in
+            out.append(died(r, rec["crashed"]))  # a crash or hang fails the rule it happened in
         else:
             out.append(Result(r.id, rec["status"], rec["detail"]))
     return out
