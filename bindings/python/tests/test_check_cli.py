@@ -162,17 +162,43 @@ def test_pytest_plugin_needs_no_test_file(tmp_path):
 def test_a_library_that_prints_to_stdout_is_judged_as_if_it_did_not():
     noisy = check("--json", "noisy_lib")
     assert noisy.returncode in (0, 1), noisy.stderr[-2000:]
-    (target,) = json.loads(_last_json(noisy.stdout))["targets"]
-    quiet = json.loads(_last_json(check("--json", "test_check_fakes:FakeArray", "test_check_fakes:mini_from_dlpack")
-                                  .stdout))["targets"]
+    (target,) = json.loads(noisy.stdout)["targets"]  # JSON alone: what it printed went to stderr
+    assert "printed by the library" in noisy.stderr
+    quiet = json.loads(check("--json", "test_check_fakes:FakeArray", "test_check_fakes:mini_from_dlpack")
+                       .stdout)["targets"]
     verdicts = {r["rule"]: r["status"] for r in target["results"]}
     assert verdicts == {r["rule"]: r["status"] for t in quiet for r in t["results"]}
     assert verdicts["producer.keywords"] == verdicts["consumer.renames"] == "pass"
 
 
-def _last_json(stdout):
-    """The checker's document: what the library printed on import comes first."""
-    return stdout[stdout.index('{\n  "dlbridge"'):]
+LOUD_LIB = """
+import atexit, os, sys
+from test_check_fakes import FakeArray
+print("print() at import")
+sys.stdout.write("no newline at import")
+os.write(1, b"os.write(1) at import\\n")  # below Python's sys.stdout
+atexit.register(lambda: os.write(1, b"os.write(1) at exit\\n"))
+
+def zeros(shape, readonly=False):
+    os.write(1, b"os.write(1) in zeros\\n")
+    return FakeArray(shape, readonly)
+"""
+
+
+@pytest.mark.parametrize("how", ["--json", "--markdown", ""])
+def test_the_checkers_document_is_alone_on_stdout_whatever_the_library_writes(tmp_path, how):
+    (tmp_path / "loud_lib.py").write_text(LOUD_LIB)
+    path = os.pathsep.join([str(tmp_path), env()["PYTHONPATH"]])
+    for argv in (["loud_lib"], ["loud_lib:zeros", "--in-process"]):
+        proc = subprocess.run([sys.executable, "-m", "dlbridge", "check", *filter(None, [how]), *argv, "--only",
+                               "producer.keywords"], capture_output=True, text=True, timeout=300,
+                              env={**env(), "PYTHONPATH": path})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "at import" not in proc.stdout and "in zeros" not in proc.stdout and "at exit" not in proc.stdout
+        assert "os.write(1) at import" in proc.stderr
+        if how == "--json":
+            (target,) = json.loads(proc.stdout)["targets"]
+            assert target["results"][0]["status"] == "pass"
 
 
 NO_PEERS = """

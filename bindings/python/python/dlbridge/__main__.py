@@ -21,14 +21,16 @@ def usage():
     return "\n".join(lines)
 
 
-def main(argv=None):
+def main(argv=None, program=False):
+    """Runs a command; `program`: the process exits when it returns (a command may then leave what
+    libraries print at exit off its stdout)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
         print(usage())
         return 0
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "report"
-    return importlib.import_module(COMMANDS[command]).main(argv)
+    return importlib.import_module(COMMANDS[command]).main(argv, program=program)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(program=True))

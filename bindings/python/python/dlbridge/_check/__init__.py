@@ -38,10 +38,10 @@ def _parser():
     return p
 
 
-def main(argv=None):
-    from . import render, runner
-    from .catalogue import select
-    from .targets import TargetError, resolve
+def main(argv=None, program=False):
+    """The command line; `program`: this process exits when it returns (python -m dlbridge)."""
+    from . import runner
+    from .stdout import document_only
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
@@ -49,13 +49,22 @@ def main(argv=None):
     only, skip = ([r for value in values for r in value.split(",") if r] for values in (args.only, args.skip))
     if args.child:
         return runner.child_main(args.targets[0], args.role, args.ignores_readonly, only)
+    with document_only(restore=not program) as out:
+        return _check(parser, args, argv, only, skip, out)
+
+
+def _check(parser, args, argv, only, skip, out):
+    from . import render, runner
+    from .catalogue import select
+    from .targets import TargetError, resolve
+
     try:
         rules = select(None, only, skip)
     except KeyError as exc:
         parser.error(exc.args[0])
     if args.list:
         for r in rules:
-            print(f"{r.id}: {r.title}\n    {r.citation()}")
+            print(f"{r.id}: {r.title}\n    {r.citation()}", file=out)
         return 0
     targets = args.targets
     if not targets and args.markdown:
@@ -83,12 +92,12 @@ def main(argv=None):
     if not reports:
         return status
     if args.json:
-        print(render.as_json(reports))
+        print(render.as_json(reports), file=out)
     elif args.markdown:
         command = "python -m dlbridge check " + " ".join(shlex.quote(a) for a in argv)
-        print("\n".join(render.markdown(reports, command)))
+        print("\n".join(render.markdown(reports, command)), file=out)
     else:
-        print("\n".join(render.plain(reports)))
+        print("\n".join(render.plain(reports)), file=out)
     return status
 
 

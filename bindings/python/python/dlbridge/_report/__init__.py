@@ -13,7 +13,7 @@ import argparse
 from . import render, run
 
 
-def main(argv=None):
+def main(argv=None, program=False):
     parser = argparse.ArgumentParser(prog="python -m dlbridge [report]", description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     parser.add_argument("--cells", nargs="+", help=argparse.SUPPRESS)  # a child of column_in_subprocess
