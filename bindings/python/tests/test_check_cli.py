@@ -20,9 +20,9 @@ def env():
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
 
 
-def check(*args, timeout=300):
+def check(*args, timeout=300, env_=None):
     return subprocess.run([sys.executable, "-m", "dlbridge", "check", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env())
+                          timeout=timeout, env=env_ or env())
 
 
 def test_plain_rows_say_status_what_happened_and_the_sentence():
@@ -222,6 +222,33 @@ def test_markdown_with_no_peer_installed_is_a_well_formed_table(tmp_path):
     assert rows[0].startswith("| rule | level | what must hold | dlbridge") and "numpy" not in rows[0]
     widths = {line.count(" | ") for line in rows}
     assert len(widths) == 1 and set(rows[1].replace("|", "").split()) == {"---"}, rows
+
+
+def _no_peers_env(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(NO_PEERS)
+    return {**env(), "PYTHONPATH": os.pathsep.join([str(tmp_path), env()["PYTHONPATH"]])}
+
+
+@pytest.mark.parametrize("how", [[], ["--markdown"]])
+def test_the_report_with_no_peer_says_there_is_nothing_to_pair_and_what_to_install(tmp_path, how):
+    proc = subprocess.run([sys.executable, "-m", "dlbridge", *how], capture_output=True, text=True, timeout=300,
+                          env=_no_peers_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "not installed: numpy" in proc.stdout
+    assert "nothing to pair" in proc.stdout.lower() and "pip install numpy" in proc.stdout, proc.stdout
+    assert "zero-copy" not in proc.stdout and "(writable!)" not in proc.stdout, proc.stdout  # no legend, no table
+    assert "|" not in proc.stdout and "producer:" not in proc.stdout
+
+
+def test_dlbridge_is_checked_on_its_own_arrays_without_numpy(tmp_path):
+    """dlbridge needs no NumPy, and neither do its samples: zeros, asarray of bytes."""
+    bare = check("--json", "dlbridge", env_=_no_peers_env(tmp_path))
+    assert bare.returncode in (0, 1), bare.stderr[-2000:]
+    (target,) = json.loads(bare.stdout)["targets"]
+    results = {r["rule"]: r for r in target["results"]}
+    assert not [r for r in results.values() if r["status"] == "n/a" or "numpy" in r["detail"].lower()], results
+    (full,) = json.loads(check("--json", "dlbridge").stdout)["targets"]
+    assert {r: v["status"] for r, v in results.items()} == {r["rule"]: r["status"] for r in full["results"]}
 
 
 def test_markdown_of_no_target_is_still_well_formed():

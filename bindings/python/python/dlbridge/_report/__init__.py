@@ -23,6 +23,9 @@ def main(argv=None, program=False):
         run.print_cells(producer, consumer, names)
         return 0
     keys = [(p.name, c.name) for p, c in run.columns()]
+    if not keys:
+        print("\n".join(render.nothing_to_pair()))
+        return 0
     table = run.table()
     lines = (render.markdown if args.markdown else render.plain)(table, keys)
     print("\n".join(lines))

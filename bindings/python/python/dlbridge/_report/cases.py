@@ -99,14 +99,31 @@ def source(case, dlpack=False):
         except Unavailable:
             if not is_plain(case):
                 raise
-    return _dlbridge_source(case)
+    return dlbridge_source(case)
 
 
-def _dlbridge_source(case):
-    name = dtype_of(case)
-    payload = b"".join(_encode(name, v) for v in VALUES)
-    t = dlbridge.zeros(SHAPE, name)  # 64-byte aligned, Rust-owned
-    ctypes.memmove(t.data_ptr, payload, len(payload))  # bfloat16 and float8 have no buffer format
+# The buffer protocol's formats, for read-only tensors over bytes; bfloat16 and float8 have none.
+_BUFFER_FORMATS = {"bool": "?", "int8": "b", "int16": "h", "int32": "i", "int64": "q", "uint8": "B", "uint16": "H",
+                   "uint32": "I", "uint64": "Q", "float16": "e", "float32": "f", "float64": "d"}
+_DLBRIDGE_LAYOUTS = {"C-contiguous": (SHAPE, VALUES), "0-d": ((), VALUES[5:6]), "zero-size": ((0, SHAPE[1]), [])}
+
+
+def dlbridge_source(case):
+    """The case as a tensor dlbridge makes by itself, without NumPy: C-contiguous, 0-d (a[1, 1]) or
+    zero-size, writable (zeros, then filled) or read-only (asarray over bytes, for the dtypes the buffer
+    protocol names). Unavailable for the rest."""
+    layout, name = case.get("layout", "C-contiguous"), dtype_of(case)
+    if layout not in _DLBRIDGE_LAYOUTS:
+        raise Unavailable(f"dlbridge makes no {layout} tensor by itself")
+    shape, values = _DLBRIDGE_LAYOUTS[layout]
+    payload = b"".join(_encode(name, v) for v in values)
+    if case.get("readonly"):
+        if name not in _BUFFER_FORMATS:
+            raise Unavailable(f"no buffer format for a read-only {name} tensor over bytes")
+        return dlbridge.asarray(memoryview(payload).cast("B").cast(_BUFFER_FORMATS[name], shape))
+    t = dlbridge.zeros(shape, name)  # 64-byte aligned, Rust-owned
+    if payload:
+        ctypes.memmove(t.data_ptr, payload, len(payload))  # bfloat16 and float8 have no buffer format
     return t
 
 

@@ -7,7 +7,7 @@ plus dlbridge itself and consumer-only libraries (CHECKABLE), to make arrays and
 
 import dlbridge
 
-from .cases import ML_DTYPES, source
+from .cases import ML_DTYPES, dlbridge_source, source
 from .libs import Unavailable, found
 
 
@@ -235,7 +235,10 @@ class Dlbridge(Peer):
     name = "dlbridge"
 
     def make(self, case):
-        return dlbridge.from_dlpack(source(case, dlpack=True))
+        try:
+            return dlbridge_source(case)  # its own arrays, which need no NumPy
+        except Unavailable:
+            return dlbridge.from_dlpack(source(case, dlpack=True))
 
     def consume(self, t):
         return dlbridge.from_dlpack(t)

@@ -36,6 +36,16 @@ def header():
     return [title, libraries_line(), ""]
 
 
+def nothing_to_pair():
+    """In place of the table when no column can be made: what is missing, and what to install."""
+    takers = ", ".join(name for name, peer in PEERS.items() if peer.consumer)
+    return header() + [
+        f"Nothing to pair: each column takes one library's arrays through dlbridge into a library that takes "
+        f"them in ({takers}), and none of those imports here.",
+        "Install one to see the table, e.g. `pip install numpy` (or torch, jax, ...).",
+    ]
+
+
 def markdown(table, keys):
     names = [f"{p} → {c}" for p, c in keys]
     lines = ["| case | " + " | ".join(names) + " |", "|---|" + "---|" * len(keys)]
