@@ -199,6 +199,15 @@ class CopiesToCuda(FakeArray):
         return capsule
 
 
+# --- max_version: every 1.x and above ------------------------------------------------------------------
+
+class LegacyFor11And12(FakeArray):
+    """Versioned capsules for (1, 0) and (1, 3), legacy ones for a 1.1 or 1.2 consumer."""
+
+    def __dlpack__(self, *, max_version=None, **kw):
+        return super().__dlpack__(max_version=None if max_version in ((1, 1), (1, 2)) else max_version, **kw)
+
+
 # --- streams on CPU ------------------------------------------------------------------------------------
 
 class AcceptsStreamZero(FakeArray):
@@ -280,6 +289,7 @@ CASES = {
                            [ReadOnlyOnCopiesToo]),
     "producer.dl-device": (FakeArray, [CrossDeviceValueError, CrossDeviceRuntimeError, IgnoresCrossDevice,
                                        IgnoresDeviceWhenLegacy], [CopiesToCuda]),
+    "producer.versioned": (FakeArray, [LegacyFor11And12], []),
     "producer.stream-cpu": (FakeArray, [AcceptsStreamZero, AcceptsLargeStream, AcceptsStreamWithCpuDevice,
                                         AcceptsStreamWhenCopying], []),
 }
