@@ -184,6 +184,26 @@ def test_a_crash_or_a_hang_fails_its_rule_whatever_the_level(consumer, rule_id, 
     assert by_rule["consumer.renames"]["status"] == "pass" and proc.returncode == 1
 
 
+MANAGED_DROPPED_UNUSED = """
+import gc, struct
+from dlbridge._check import abi
+for _ in range(50):
+    m = abi.Managed(struct.pack("=4f", 1, 2, 3, 4), (4,))
+    m.capsule()
+    del m  # never drop()ped: its capsule, still unused, calls the deleter through m's struct
+    gc.collect()
+print("ok")
+"""
+
+
+def test_a_managed_tensor_collected_with_unused_capsules_frees_them_first():
+    """Found by the probes: the struct went first and the capsules' destructors read freed memory
+    (a segfault under PYTHONMALLOC=debug, which fills freed memory)."""
+    proc = subprocess.run([sys.executable, "-c", MANAGED_DROPPED_UNUSED], capture_output=True, text=True, timeout=120,
+                          env={**_env(), "PYTHONMALLOC": "debug"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode, proc.stderr[-2000:])
+
+
 def _env():
     here = str(Path(__file__).parent)
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}

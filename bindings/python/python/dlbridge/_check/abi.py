@@ -342,3 +342,7 @@ class Managed:
     def drop(self):
         """Lets go of the capsules: those still unused free the tensor through their destructor."""
         self.capsules.clear()
+
+    def __del__(self):
+        # An unused capsule's destructor reads this struct: it must go before the struct does
+        self.drop()
