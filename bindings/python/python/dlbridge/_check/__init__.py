@@ -50,10 +50,10 @@ def main(argv=None, program=False):
     if args.child:
         return runner.child_main(args.targets[0], args.role, args.ignores_readonly, only)
     with document_only(restore=not program) as out:
-        return _check(parser, args, argv, only, skip, out)
+        return _run(parser, args, argv, only, skip, out)
 
 
-def _check(parser, args, argv, only, skip, out):
+def _run(parser, args, argv, only, skip, out):
     from . import render, runner
     from .catalogue import select
     from .targets import TargetError, resolve
