@@ -11,6 +11,13 @@ pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned())
 }
 
+/// `words` after "a" or "an", as they are read: "an int4 tensor", "an
+/// F-contiguous", "a uint8" (you-int), "an array.array".
+pub(crate) fn with_article(words: &str) -> String {
+    let article = if words.starts_with(['a', 'e', 'i', 'o', 'A', 'E', 'I', 'O', 'F']) { "an" } else { "a" };
+    format!("{article} {words}")
+}
+
 /// Parses a `device` argument: None, `"cpu"`, or a `(device_type, device_id)` tuple.
 pub fn parse_device(device: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Device>> {
     let Some(device) = device.filter(|d| !d.is_none()) else { return Ok(None) };

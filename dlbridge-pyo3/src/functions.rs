@@ -59,6 +59,14 @@ pub(crate) fn empty<'py>(shape: &Bound<'py, PyAny>, dtype: Option<&Bound<'py, Py
     zeros(shape, dtype)?.into_pyobject(py)
 }
 
+/// `_ml_dtypes_type(dtype)`: the `ml_dtypes` scalar type of `dtype` as the
+/// Rust side read and checked it once, for `Tensor.numpy()`; TypeError without
+/// ml_dtypes.
+#[pyfunction]
+pub(crate) fn _ml_dtypes_type<'py>(dtype: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    crate::import::ml_dtypes_type(dtype.py(), parse_dtype(dtype)?)
+}
+
 /// `zeros(shape, dtype=None)`: a zero-filled CPU tensor whose memory Rust owns
 /// (float32 by default). MemoryError when the memory cannot be had.
 #[pyfunction]
@@ -88,7 +96,7 @@ pub(crate) fn check_size(shape: &[i64], dtype: dlbridge::DataType) -> PyResult<(
     match dtype.storage_bytes(numel as u64, false) {
         Some(bytes) if bytes <= isize::MAX as u64 => Ok(()),
         _ => Err(PyMemoryError::new_err(format!(
-            "a {dtype} tensor of shape {shape:?} needs more bytes than the address space holds"
+            "{} of shape {shape:?} needs more bytes than the address space holds", crate::convert::with_article(&format!("{dtype} tensor"))
         ))),
     }
 }

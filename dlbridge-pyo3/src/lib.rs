@@ -60,6 +60,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::unreachable, clippy::todo, clippy::unimplemented))]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod abi_structs;
 mod any_owned;
 mod args;
 mod borrows;
@@ -67,7 +68,7 @@ pub mod capsule;
 mod convert;
 mod errors;
 pub mod exchange;
-mod foreign_types;
+mod trust;
 mod functions;
 mod gil;
 mod handoff;
@@ -112,6 +113,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(functions::empty, module)?)?;
     module.add_function(wrap_pyfunction!(functions::zeros, module)?)?;
     module.add_function(wrap_pyfunction!(tensor::_rebuild_tensor, module)?)?;
+    module.add_function(wrap_pyfunction!(functions::_ml_dtypes_type, module)?)?;
     #[cfg(feature = "testing")]
     testing::register(module)?;
     let v = dlbridge::ffi::DLPackVersion::CURRENT;

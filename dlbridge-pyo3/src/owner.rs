@@ -16,7 +16,7 @@ use pyo3::{Bound, PyAny, Python};
 /// leaked, the pattern NumPy's deleter uses. A daemon thread that CPython ends
 /// while it takes the GIL at interpreter exit parks there (see
 /// `dlbridge::thread_exit`); `release` guards its own calls into Python.
-fn with_gil_unless_finalized(release: impl FnOnce()) {
+pub(crate) fn with_gil_unless_finalized(release: impl FnOnce()) {
     // SAFETY: `Py_IsInitialized` may be called at any time; the GIL state calls
     // pair up around `release`; the guarded closure only calls Ensure.
     unsafe {

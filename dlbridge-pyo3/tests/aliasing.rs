@@ -35,9 +35,10 @@ fn every_import<'py>(py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult<Vec<
     let module = PyModule::new(py, "dlbridge_aliasing")?;
     register(&module)?;
     let locals = [("data", data.clone()), ("dlbridge", module.into_any())].into_py_dict(py)?;
-    let interface = py.eval(
-        c"{'shape': (len(data),), 'typestr': '|u1', 'version': 3, \
-           'data': (__import__('ctypes').addressof((__import__('ctypes').c_char * len(data)).from_buffer(data)), False)}",
+    let exporter = py.eval(
+        c"type('Exporter', (), {'__array_interface__': {'shape': (len(data),), 'typestr': '|u1', 'version': 3, \
+           'data': (__import__('ctypes').addressof((__import__('ctypes').c_char * len(data)).from_buffer(data)), False)}, \
+           'data': data})()",
         None,
         Some(&locals),
     )?;
@@ -45,7 +46,7 @@ fn every_import<'py>(py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult<Vec<
     let reader: PyTensor<'_> = data.extract()?;
     Ok(vec![
         ("import_buffer", import_buffer(data)?),
-        ("import_array_interface", import_array_interface(data, &interface)?),
+        ("import_array_interface", import_array_interface(&exporter)?),
         ("import_any", import_any(data, ImportOptions::default())?),
         ("import_any_ready", import_any_ready(data, ImportOptions::default())?.0),
         ("consume_capsule", consume_capsule(&capsule)?),

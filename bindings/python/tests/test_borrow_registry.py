@@ -150,19 +150,61 @@ def test_another_extension_cannot_read_what_this_one_writes():
     assert _native._while_borrowed(raw, lambda: scale_inplace.total(floats))[0] == scale_inplace.total(floats)
 
 
-@pytest.mark.parametrize("name", ["copy", "tolist", "pickle", "from_dlpack(copy=True)", "np.from_dlpack(copy=True)"])
+HOST_READERS = ["copy", "tolist", "pickle 2", "pickle 4", "pickle 5", "pickle 5 out of band", "copy.copy", "copy.deepcopy",
+                "share_memory()", "_bytes()", "from_dlpack(copy=True)", "np.from_dlpack(copy=True)"]
+
+
+@pytest.mark.parametrize("name", HOST_READERS)
 def test_dlbridge_host_readers_wait_behind_a_writer(name):
     # While an extension holds a tensor writable (and may write it with the GIL released),
-    # dlbridge's own host reads of it are refused instead of racing with the writer.
+    # dlbridge's own host reads of it are refused instead of racing with the writer. Pickle
+    # protocol 5 and share_memory() read it without a borrow before (probes, finding 2).
+    import copy
     t = dlbridge.from_dlpack(np.zeros(8, np.uint8))
     read = {
         "copy": t.copy,
         "tolist": t.tolist,
-        "pickle": lambda: pickle.dumps(t, protocol=4),
+        "pickle 2": lambda: pickle.dumps(t, protocol=2),
+        "pickle 4": lambda: pickle.dumps(t, protocol=4),
+        "pickle 5": lambda: pickle.dumps(t, protocol=5),
+        "pickle 5 out of band": lambda: pickle.dumps(t, protocol=5, buffer_callback=list().append),
+        "copy.copy": lambda: copy.copy(t),
+        "copy.deepcopy": lambda: copy.deepcopy(t),
+        "share_memory()": t.share_memory,
+        "_bytes()": t._bytes,
         "from_dlpack(copy=True)": lambda: dlbridge.from_dlpack(t, copy=True),
         "np.from_dlpack(copy=True)": lambda: np.from_dlpack(t, copy=True),
     }[name]
     seen, _ = _native._while_borrowed(t, lambda: outcome(read), writable=True)
     assert seen.startswith("refused: cannot borrow this tensor as read"), seen
     assert t.tolist() == [1] * 8 and read() is not None
+    assert _native._live_borrows() == 0
+
+
+def test_out_of_band_bytes_keep_writers_out_while_a_transport_holds_them():
+    # A transport reads out-of-band buffers after pickle.dumps returns: the tensor's bytes stay
+    # borrowed for reading until the last buffer goes, so no extension writes them meanwhile.
+    a = np.zeros(4, np.float32)
+    t = dlbridge.from_dlpack(a)
+    buffers = []
+    pickle.dumps(t, protocol=5, buffer_callback=buffers.append)
+    with pytest.raises(BufferError, match="cannot borrow this ndarray as writable"):
+        scale_inplace.scale(a, 2.0)
+    assert scale_inplace.total(a) == 0.0, "readers share"
+    buffers.clear()
+    scale_inplace.scale(a, 2.0)
+    assert _native._live_borrows() == 0
+
+
+def test_a_tensor_unpickled_in_process_over_the_same_bytes_can_be_written():
+    # Unpickled here from its out-of-band buffers, the tensor reads and writes the same bytes
+    # under borrows of its own: the payload's hold on them ends.
+    a = np.ones(4, np.float32)
+    buffers = []
+    data = pickle.dumps(dlbridge.from_dlpack(a), protocol=5, buffer_callback=buffers.append)
+    u = pickle.loads(data, buffers=buffers)
+    assert u.data_ptr == a.ctypes.data
+    scale_inplace.scale(u, 3.0)
+    assert a.tolist() == [3.0] * 4
+    del u, buffers
     assert _native._live_borrows() == 0

@@ -105,7 +105,7 @@ class Producer:
 def test_dlpack_returning_a_non_capsule():
     import dlbridge
 
-    with pytest.raises(TypeError, match="__dlpack__ returned a int, not a DLPack capsule"):
+    with pytest.raises(TypeError, match="__dlpack__ returned an int, not a DLPack capsule"):
         dlbridge.from_dlpack(Producer(lambda **kw: 3))
 
 

@@ -212,12 +212,7 @@ pub(crate) fn expected<T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind>() -> S
         .flatten()
         .filter(|w| !w.is_empty())
         .collect();
-    let article = if words.first().is_some_and(|w| w.starts_with(['a', 'e', 'i', 'o', 'F'])) { "an" } else { "a" };
-    if words.is_empty() {
-        "a tensor".to_owned()
-    } else {
-        format!("{article} {} tensor", words.join(" "))
-    }
+    crate::convert::with_article(&format!("{} tensor", words.join(" ")).trim_start())
 }
 
 /// Why `view` is not what the argument asks for, or `None` when it is.

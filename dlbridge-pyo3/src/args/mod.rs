@@ -371,7 +371,7 @@ fn described(view: &TensorView<'_>, source: &Bound<'_, PyAny>) -> String {
     let shape: Vec<String> = view.shape().iter().map(i64::to_string).collect();
     let shape = if shape.len() == 1 { format!("({},)", shape[0]) } else { format!("({})", shape.join(", ")) };
     let layout = if view.is_c_contiguous() { "" } else if view.is_f_contiguous() { ", F-contiguous" } else { ", strided" };
-    format!("a {} of {} with shape {shape}{layout} on {}", qualified_type_name(source), view.dtype(), view.device())
+    crate::convert::with_article(&format!("{} of {} with shape {shape}{layout} on {}", qualified_type_name(source), view.dtype(), view.device()))
 }
 
 /// `module.Type` of an object, as Python users know it ("torch.Tensor", "numpy.ndarray").

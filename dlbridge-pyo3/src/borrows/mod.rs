@@ -19,6 +19,7 @@ mod table;
 
 use core::ffi::c_int;
 use core::marker::PhantomData;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use dlbridge::{Device, TensorView};
 use pyo3::exceptions::{PyBufferError, PyMemoryError};
@@ -101,6 +102,52 @@ fn acquire_bytes<'py>(_py: Python<'py>, space: u64, bytes: core::ops::Range<usiz
          reference to memory while it is written; pass a copy (e.g. x.copy()) if the two should be independent",
         what()
     )))
+}
+
+/// A shared borrow held by a Python object for as long as it lives: by a
+/// tensor over another tensor's bytes (`Tensor._bytes()`, which pickling's
+/// out-of-band buffers, shared memory and transports read after the call that
+/// made it). Released with the GIL taken when dropped (a tensor may be
+/// dropped anywhere), or by [`end`](Self::end) once nothing reads the bytes
+/// through it any more.
+#[derive(Debug, Default)]
+pub(crate) struct HeldRead {
+    /// The registry's id; 0 once ended, or for none.
+    id: AtomicU64,
+}
+
+impl HeldRead {
+    /// A shared borrow of `view`'s bytes (BufferError while a writer holds any of them).
+    pub(crate) fn take(py: Python<'_>, view: &TensorView<'_>, what: impl FnOnce() -> String) -> PyResult<Self> {
+        let borrow = core::mem::ManuallyDrop::new(acquire(py, view, false, what)?);
+        Ok(HeldRead { id: AtomicU64::new(borrow.id) })
+    }
+
+    /// A borrow of this registry that `id` names (0: none), taken over.
+    pub(crate) fn from_id(id: u64) -> Self {
+        HeldRead { id: AtomicU64::new(id) }
+    }
+
+    /// The borrow's id, given up to the caller (who takes it over).
+    pub(crate) fn into_id(self) -> u64 {
+        core::mem::ManuallyDrop::new(self).id.swap(0, Ordering::AcqRel)
+    }
+
+    /// Ends the borrow now (the bytes are read through another borrow from here on).
+    pub(crate) fn end(&self, py: Python<'_>) {
+        drop(Borrow { id: self.id.swap(0, Ordering::AcqRel), _gil: PhantomData::<Python<'_>> });
+        let _ = py;
+    }
+}
+
+impl Drop for HeldRead {
+    fn drop(&mut self) {
+        let id = *self.id.get_mut();
+        if id != 0 {
+            // The registry's lock is taken with the GIL (or a mutex), wherever this is dropped.
+            crate::owner::with_gil_unless_finalized(|| drop(Borrow { id, _gil: PhantomData::<Python<'_>> }));
+        }
+    }
 }
 
 /// A shared borrow of a tensor's bytes, and a view to read them through:

@@ -22,9 +22,11 @@ use core::sync::atomic::{AtomicPtr, Ordering};
 
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyModule, PyString};
+use pyo3::types::PyModule;
 
 use super::table::{Locked, Refused};
+use crate::abi_structs::write_prefix;
+use crate::trust::{publish_for_interpreter, table_of, TableMismatch};
 
 /// The key in the interpreter's dict, and the capsule's name: never changes.
 pub(crate) const KEY: &CStr = c"dlbridge.borrow_registry";
@@ -81,11 +83,8 @@ unsafe extern "C" fn acquire(space: u64, start: usize, end: usize, exclusive: c_
         Ok(id) => id,
         Err(Refused::Conflict { start, end, exclusive }) => {
             if !conflict.is_null() {
-                let described = Conflict { start, end, exclusive };
-                let size = conflict_size.min(core::mem::size_of::<Conflict>());
-                // SAFETY: the caller's out struct, writable for `conflict_size`
-                // bytes; no more than ours are written.
-                unsafe { core::ptr::copy_nonoverlapping(core::ptr::from_ref(&described).cast::<u8>(), conflict.cast::<u8>(), size) };
+                // SAFETY: the caller's out struct, writable for `conflict_size` bytes.
+                unsafe { write_prefix(&Conflict { start, end, exclusive }, conflict, conflict_size) };
             }
             0
         }
@@ -169,52 +168,17 @@ fn find_api() -> Result<&'static RegistryApi, Unshared> {
 
 /// Finds the table in the interpreter's dict, or publishes ours there.
 fn shared(py: Python<'_>) -> Result<&'static RegistryApi, Unshared> {
-    let found = published(py).ok_or(Unshared::Unavailable)?;
-    // SAFETY: a name check on a live object; IsValid never raises.
-    if unsafe { ffi::PyCapsule_IsValid(found.as_ptr(), KEY.as_ptr()) } != 1 {
-        return Err(Unshared::NotATable);
-    }
-    // SAFETY: a valid capsule of this name holds a table that lives as long as
-    // the process and starts with its major and size, read before anything else.
-    let table = unsafe { ffi::PyCapsule_GetPointer(found.as_ptr(), KEY.as_ptr()).cast::<RegistryApi>() };
-    // SAFETY: as above.
-    let [major, size] = unsafe { table.cast::<[u32; 2]>().read() };
-    if major != ABI_MAJOR {
-        return Err(Unshared::OtherMajor(major));
-    }
-    if (size as usize) < core::mem::size_of::<RegistryApi>() {
-        return Err(Unshared::NotATable);
-    }
-    check_legacy(py)?;
-    // SAFETY: as above; the table has every field this version reads.
-    Ok(unsafe { &*table })
-}
-
-/// `interpreter_dict.setdefault(KEY, capsule of OWN)`: the entry there after.
-fn published(py: Python<'_>) -> Option<Bound<'_, PyAny>> {
-    let key = PyString::new(py, KEY.to_str().ok()?);
     let own = core::ptr::addr_of!(OWN).cast_mut().cast();
     // SAFETY: a static table outlives the capsule; no destructor is needed.
-    let capsule = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyCapsule_New(own, KEY.as_ptr(), None)) };
-    let Some(capsule) = capsule else {
-        drop(PyErr::take(py));
-        return None;
-    };
-    // SAFETY: the current interpreter's dict (borrowed; NULL with no error set
-    // if it has none); SetDefault is atomic, so of two extensions publishing at
-    // once one wins, and returns a borrowed reference to the entry.
-    unsafe {
-        let dict = ffi::PyInterpreterState_GetDict(ffi::PyInterpreterState_Get());
-        if dict.is_null() {
-            return None;
-        }
-        let entry = ffi::PyDict_SetDefault(dict, key.as_ptr(), capsule.as_ptr());
-        if entry.is_null() {
-            drop(PyErr::take(py));
-            return None;
-        }
-        Some(Bound::from_borrowed_ptr(py, entry))
-    }
+    let capsule = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyCapsule_New(own, KEY.as_ptr(), None)) }.map_err(|_| Unshared::Unavailable)?;
+    let entry = publish_for_interpreter(py, KEY, &capsule).ok_or(Unshared::Unavailable)?;
+    let table = table_of(&entry, KEY, ABI_MAJOR, core::mem::size_of::<RegistryApi>()).map_err(|mismatch| match mismatch {
+        TableMismatch::NotATable => Unshared::NotATable,
+        TableMismatch::OtherMajor(major) => Unshared::OtherMajor(major),
+    })?;
+    check_legacy(py)?;
+    // SAFETY: a table of this major and size, which lives as long as the process.
+    Ok(unsafe { &*table.cast::<RegistryApi>() })
 }
 
 /// Refuses when an older build published its registry in `sys.modules`, and
@@ -232,4 +196,19 @@ fn check_legacy(py: Python<'_>) -> Result<(), Unshared> {
         }
     }
     Ok(())
+}
+
+#[cfg(all(test, target_pointer_width = "64"))]
+mod layout {
+    use core::mem::{offset_of, size_of};
+
+    use super::*;
+
+    #[test]
+    fn the_structs_another_build_reads_are_those_of_abi_3() {
+        assert_eq!(ABI_MAJOR, 3, "a new major: pin its layout here");
+        let table = (size_of::<RegistryApi>(), offset_of!(RegistryApi, acquire), offset_of!(RegistryApi, release), offset_of!(RegistryApi, live));
+        assert_eq!(table, (32, 8, 16, 24));
+        assert_eq!((size_of::<Conflict>(), offset_of!(Conflict, end), offset_of!(Conflict, exclusive)), (24, 8, 16));
+    }
 }

@@ -3,7 +3,10 @@
 //!
 //! A table is used only when the class that publishes it is also the class
 //! whose `__dlpack__` the object would run (a subclass that overrides
-//! `__dlpack__` gets its own method). The 1.2 integer form
+//! `__dlpack__` gets its own method), and only when Python code cannot have
+//! copied it there (see `trust.rs`): torch's own table on a type with
+//! `torch._C.TensorBase` in its real MRO, or a table a static type publishes. A table is handed an object its producer reads as its own
+//! type, so an impostor must never reach one. The 1.2 integer form
 //! (`__c_dlpack_exchange_api__`) is not read: any int could be published
 //! there, and every producer that had it also has `__dlpack__`.
 //!
@@ -23,7 +26,8 @@ use pyo3::types::PyType;
 use pyo3::{ffi, intern};
 
 use super::guard::{torch_checks, Guard};
-use super::{compatible, definer, EXCHANGE_API_CAPSULE_NAME};
+use super::{compatible, EXCHANGE_API_CAPSULE_NAME};
+use crate::trust::{definer, is_static_type};
 use crate::writability::Writability;
 
 /// A type's exchange table and the checks to make before using it.
@@ -60,7 +64,15 @@ fn find(ty: &Bound<'_, PyType>) -> Option<Table> {
         Some(checks) => Guard::Torch(checks),
         None => Guard::None,
     };
-    if !guard.dispatches_nothing(ty) {
+    // torch's own table on a real torch type; any other table (another torch
+    // type's, such as ReadOnlyTensorWrapper's) only from a static type.
+    // (dlbridge's own tensors never get here: they are imported directly.)
+    let trusted = match guard {
+        Guard::Torch(checks) if checks.is_torch_table(api) => true,
+        // SAFETY: a live type object.
+        _ => unsafe { is_static_type(publisher.as_type_ptr()) },
+    };
+    if !trusted || !guard.dispatches_nothing(ty) {
         return None;
     }
     let fill_writability = guard.fill_writability(api);

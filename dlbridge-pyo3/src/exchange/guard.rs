@@ -39,8 +39,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyString, PyType};
 use pyo3::{ffi, intern};
 
-use super::{compatible, definer, EXCHANGE_API_CAPSULE_NAME};
-use crate::foreign_types::{imported_module, is_static_type_named};
+use super::{compatible, EXCHANGE_API_CAPSULE_NAME};
+use crate::trust::{definer, imported_module, is_static_type_named, own_dict_item};
 use crate::writability::Writability;
 
 /// Checks a producer's `__dlpack__` makes that its table does not.
@@ -144,6 +144,11 @@ fn mode_query(torch: &Bound<'_, PyAny>) -> Option<(ffi::PyCFunction, Py<PyAny>)>
 }
 
 impl TorchChecks {
+    /// Whether `api` is torch's own table (its address, from torch's C function).
+    pub(crate) fn is_torch_table(&self, api: &DLPackExchangeAPI) -> bool {
+        self.writable_table != 0 && self.writable_table == core::ptr::from_ref(api) as usize
+    }
+
     /// Whether a torch function mode is active on this thread (or torch cannot say).
     fn mode_active(&self, py: Python<'_>) -> bool {
         let Some((meth, this)) = &self.mode_query else { return true };
@@ -167,8 +172,7 @@ impl Guard {
         let Guard::Torch(checks) = self else { return true };
         let name = intern!(ty.py(), "__torch_function__");
         let Some(definer) = definer(ty, name) else { return false };
-        let defined = definer.getattr(intern!(ty.py(), "__dict__")).and_then(|dict| dict.get_item(name));
-        if let (Ok(value), Some(disabled)) = (&defined, &checks.disabled_impl) {
+        if let (Some(value), Some(disabled)) = (own_dict_item(&definer, name), &checks.disabled_impl) {
             if value.is(disabled) {
                 return true;
             }
@@ -185,7 +189,7 @@ impl Guard {
     /// its fill describes: Writable for torch's own table (see above), else Unknown.
     pub(crate) fn fill_writability(self, api: &DLPackExchangeAPI) -> Writability {
         match self {
-            Guard::Torch(checks) if checks.writable_table == core::ptr::from_ref(api) as usize => Writability::Writable,
+            Guard::Torch(checks) if checks.is_torch_table(api) => Writability::Writable,
             _ => Writability::Unknown,
         }
     }

@@ -12,9 +12,6 @@
 use core::ffi::CStr;
 
 use dlbridge::ffi::{DLPackExchangeAPI, DLPackExchangeAPIHeader, DLPACK_MAJOR_VERSION};
-use pyo3::prelude::*;
-use pyo3::types::{PyString, PyType};
-use pyo3::intern;
 
 mod consumer;
 mod guard;
@@ -45,10 +42,4 @@ pub(crate) unsafe fn compatible(mut header: *const DLPackExchangeAPIHeader) -> O
         header = h.prev_api;
     }
     None
-}
-
-/// The class in `ty`'s MRO whose `__dict__` defines `name`.
-pub(crate) fn definer<'py>(ty: &Bound<'py, PyType>, name: &Bound<'py, PyString>) -> Option<Bound<'py, PyAny>> {
-    let dict = intern!(ty.py(), "__dict__");
-    ty.mro().iter().find(|class| class.getattr(dict).and_then(|d| d.contains(name)).unwrap_or(false))
 }

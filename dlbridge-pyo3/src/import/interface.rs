@@ -64,9 +64,32 @@ fn parse_interface<'py>(interface: &Bound<'py, PyAny>, which: &str) -> PyResult<
     Ok((Interface { shape, dtype, data, strides_bytes }, dict))
 }
 
-/// Imports an `__array_interface__` (version 3) exporter without copying.
-/// With `"data": None` the object's own buffer is used, as NumPy does.
-pub fn import_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<AnyOwned> {
+/// Imports an `__array_interface__` (version 3) exporter without copying:
+/// `obj.__array_interface__`, read here, so that the address comes from the
+/// object that vouches for it (README, "Raw addresses"). With `"data": None`
+/// the object's own buffer is used, as NumPy does.
+///
+/// The interface cannot be passed apart from its object, which would let
+/// safe code hand over any address:
+///
+/// ```compile_fail,E0061
+/// # use pyo3::prelude::*;
+/// # fn f(obj: &Bound<'_, PyAny>, made_up: &Bound<'_, PyAny>) {
+/// let _ = dlbridge_pyo3::import::import_array_interface(obj, made_up);
+/// # }
+/// ```
+pub fn import_array_interface(obj: &Bound<'_, PyAny>) -> PyResult<AnyOwned> {
+    let interface = crate::python_calls::getattr(obj, pyo3::intern!(obj.py(), "__array_interface__"))?;
+    // SAFETY: the interface was just read from `obj`.
+    unsafe { from_array_interface(obj, &interface) }
+}
+
+/// [`import_array_interface`] with `obj`'s interface already read.
+///
+/// # Safety
+/// `interface` is what `obj.__array_interface__` gave: its address is the
+/// one `obj` vouches for.
+pub(crate) unsafe fn from_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<AnyOwned> {
     let (parsed, dict) = parse_interface(interface, "__array_interface__")?;
     let Some((address, readonly)) = parsed.data else {
         if dict.get_item("offset")?.is_some_and(|o| !o.is_none() && o.extract::<i64>().ok() != Some(0)) {
@@ -74,7 +97,8 @@ pub fn import_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAn
         }
         return import_buffer(obj);
     };
-    import_pointer(obj, &parsed, address, readonly, Device::CPU)
+    // SAFETY: the address of `obj`'s own interface (the caller's contract).
+    unsafe { import_pointer(obj, &parsed, address, readonly, Device::CPU) }
 }
 
 /// Imports a `__cuda_array_interface__` (versions 0-3) exporter without
@@ -85,7 +109,19 @@ pub fn import_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAn
 /// is waited for by the host, since pinned memory has no streams in DLPack);
 /// an address the driver does not know is refused. Without a driver nothing
 /// can reach the memory, and it is carried as cuda:0.
-pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<(AnyOwned, Option<i64>)> {
+///
+/// As for [`import_array_interface`], the interface is read from `obj`.
+pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>) -> PyResult<(AnyOwned, Option<i64>)> {
+    let interface = crate::python_calls::getattr(obj, pyo3::intern!(obj.py(), "__cuda_array_interface__"))?;
+    // SAFETY: the interface was just read from `obj`.
+    unsafe { from_cuda_array_interface(obj, &interface) }
+}
+
+/// [`import_cuda_array_interface`] with `obj`'s interface already read.
+///
+/// # Safety
+/// `interface` is what `obj.__cuda_array_interface__` gave.
+pub(crate) unsafe fn from_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_, PyAny>) -> PyResult<(AnyOwned, Option<i64>)> {
     let (parsed, dict) = parse_interface(interface, "__cuda_array_interface__")?;
     let mut ready = None;
     if let Some(stream) = dict.get_item("stream")?.filter(|s| !s.is_none()) {
@@ -125,18 +161,21 @@ pub fn import_cuda_array_interface(obj: &Bound<'_, PyAny>, interface: &Bound<'_,
         Err(dlbridge::Error::CudaUnavailable { .. }) => Device::cuda(0),
         Err(err) => return Err(crate::errors::to_py_err(err)),
     };
-    Ok((import_pointer(obj, &parsed, address, readonly, device)?, ready))
+    // SAFETY: the address of `obj`'s own interface (the caller's contract).
+    Ok((unsafe { import_pointer(obj, &parsed, address, readonly, device) }?, ready))
 }
 
-fn import_pointer(obj: &Bound<'_, PyAny>, parsed: &Interface, address: usize, readonly: bool, device: Device) -> PyResult<AnyOwned> {
+/// # Safety
+/// `address` is what `obj`'s own interface gives.
+unsafe fn import_pointer(obj: &Bound<'_, PyAny>, parsed: &Interface, address: usize, readonly: bool, device: Device) -> PyResult<AnyOwned> {
     let strides = match &parsed.strides_bytes {
         Some(bytes) => Some(element_strides_from_bytes(bytes, &parsed.shape, parsed.dtype.itemsize().unwrap_or(1)).py()?),
         None => None,
     };
     let layout = RawLayout { dtype: parsed.dtype, device, shape: &parsed.shape, strides: strides.as_deref(), byte_offset: 0 };
     let flags = if readonly { dlbridge::ffi::DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 };
-    // SAFETY: the interface's exporter promises that `address` with this layout
-    // is valid for as long as the object lives (README, "Raw addresses");
+    // SAFETY: `obj`'s own interface (the caller's contract) promises that
+    // `address` with this layout is valid for as long as `obj` lives (README, "Raw addresses");
     // the owner keeps it alive. The layout itself (NULL data,
     // overflow, ...) is validated by `export_raw`.
     unsafe { super::python_memory(PyOwner::new(obj), address as *mut c_void, layout, flags) }

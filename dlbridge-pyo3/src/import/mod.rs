@@ -31,7 +31,7 @@ use pyo3::{ffi, intern};
 pub use buffer::import_buffer;
 pub use interface::{import_array_interface, import_cuda_array_interface};
 pub(crate) use negotiate::has_dlpack;
-pub(crate) use numpy::{is_exact_ndarray, view_of_exact as numpy_view_exact};
+pub(crate) use numpy::{is_exact_ndarray, ml_dtypes_type, view_of_exact as numpy_view_exact};
 
 use crate::capsule::{consume_capsule, is_capsule, AnyOwned};
 use crate::convert::type_name;
@@ -260,9 +260,11 @@ fn import_anything(obj: &Bound<'_, PyAny>, options: ImportOptions, ready_on: Rea
     let imported = if unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1 {
         (import_buffer(obj)?, None)
     } else if let Some(interface) = optional_attr(obj, intern!(py, "__array_interface__"))? {
-        (import_array_interface(obj, &interface)?, None)
+        // SAFETY: `obj`'s own interface, just read.
+        (unsafe { interface::from_array_interface(obj, &interface) }?, None)
     } else if let Some(interface) = optional_attr(obj, intern!(py, "__cuda_array_interface__"))? {
-        import_cuda_array_interface(obj, &interface)?
+        // SAFETY: as above.
+        unsafe { interface::from_cuda_array_interface(obj, &interface) }?
     } else {
         return Err(PyTypeError::new_err(format!(
             "cannot make a tensor from {}: it has no __dlpack__, buffer protocol, __array_interface__ or __cuda_array_interface__",

@@ -165,7 +165,7 @@ pub(crate) fn request_capsule<'py>(obj: &Bound<'py, PyAny>, options: ImportOptio
         Err(err) => return Err(err),
     };
     if !is_capsule(&capsule) {
-        return Err(PyTypeError::new_err(format!("__dlpack__ returned a {}, not a DLPack capsule", type_name(&capsule))));
+        return Err(PyTypeError::new_err(format!("__dlpack__ returned {}, not a DLPack capsule", crate::convert::with_article(&type_name(&capsule)))));
     }
     Ok((capsule, ready))
 }

@@ -21,7 +21,7 @@ use pyo3::prelude::*;
 
 use crate::any_owned::{AnyOwned, ObjectTensor};
 use crate::errors::IntoPyResult;
-use crate::foreign_types::{imported_module, is_static_type_named};
+use crate::trust::{imported_module, is_static_type_named};
 
 /// NumPy's public array struct (`PyArrayObject_fields`), up to `flags`; these
 /// fields have the same offsets in NumPy 1.x and 2.x.
@@ -161,6 +161,25 @@ fn ml_dtypes_table(py: Python<'_>) -> &'static [MlType] {
             &[]
         }
     }
+}
+
+/// The `ml_dtypes` scalar type of `dtype`, as [`ml_dtypes_table`] read and
+/// checked it (importing `ml_dtypes` first if needed): what `Tensor.numpy()`
+/// views a tensor as. Never a module attribute read now, which Python code
+/// may have rebound to a type of another size (review S4).
+pub(crate) fn ml_dtypes_type(py: Python<'_>, dtype: DataType) -> PyResult<Bound<'_, PyAny>> {
+    let needs = || {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "{} needs the ml_dtypes package to become a NumPy array (pip install ml_dtypes)",
+            crate::convert::with_article(&format!("{dtype} tensor"))
+        ))
+    };
+    if ML_TABLE.get().is_none() {
+        crate::python_calls::import(py, pyo3::intern!(py, "ml_dtypes")).map_err(|_| needs())?;
+    }
+    let known = ml_dtypes_table(py).iter().find(|t| t.dtype == dtype).ok_or_else(needs)?;
+    // SAFETY: the table keeps a strong reference to each of its types (forgotten when read).
+    Ok(unsafe { Bound::from_borrowed_ptr(py, known.scalar as *mut ffi::PyObject) })
 }
 
 /// The DLPack dtype of a NumPy dtype that is not a builtin number: one of

@@ -115,12 +115,16 @@ impl Tensor {
                 if reaches(own, wanted) {
                     (wanted, false)
                 } else if can_move(own, wanted) {
-                    // A copy dlbridge makes itself (see `crate::moves`).
-                    // The method reference: a copy needed for CPU access with copy=False is a ValueError.
+                    // A copy dlbridge makes itself (see `crate::moves`). The method
+                    // reference: with copy=False, a copy needed for CPU access is a
+                    // ValueError; any other cross-device move is a BufferError.
                     if copy == Some(false) {
-                        return Err(PyValueError::new_err(format!(
-                            "cannot move a tensor from {own} to {wanted} without copying, and copy=False forbids it"
-                        )));
+                        let message = format!("cannot move a tensor from {own} to {wanted} without copying, and copy=False forbids it");
+                        return Err(if wanted.device_type == DeviceType::CPU {
+                            PyValueError::new_err(message)
+                        } else {
+                            PyBufferError::new_err(message)
+                        });
                     }
                     (wanted, true)
                 } else if copy == Some(false) {

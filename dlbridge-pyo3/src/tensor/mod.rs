@@ -36,6 +36,7 @@ pub(crate) use package::{describe_package_tensor, import as import_package, prep
 pub(crate) use pickle::_rebuild_tensor;
 
 use crate::any_owned::AnyOwned;
+use crate::borrows::HeldRead;
 use crate::errors::IntoPyResult;
 use crate::owner::{ExceptionSafe, PyOwner};
 use crate::ready::ReadyCell;
@@ -57,6 +58,9 @@ pub struct Tensor {
     origin: Option<PyOwner>,
     /// For device memory, where its data is ready (see `crate::ready`).
     ready: ReadyCell,
+    /// For a tensor over another's bytes that Python code reads later
+    /// (`_bytes()`): a shared borrow of them for as long as this one lives.
+    held_read: HeldRead,
 }
 
 impl Tensor {
@@ -82,7 +86,7 @@ impl Tensor {
     fn wrap(mut owned: AnyOwned, writability: Writability) -> Self {
         owned.mark_aliased();
         let ready = ReadyCell::idle(owned.view().device());
-        Tensor { owned: ExceptionSafe::new(owned), writability, origin: None, ready }
+        Tensor { owned: ExceptionSafe::new(owned), writability, origin: None, ready, held_read: HeldRead::default() }
     }
 
     /// A writable row-major tensor over a `Vec`, without copying.

@@ -51,10 +51,17 @@ impl TensorObject {
         self.view().len()
     }
 
-    /// Bytes the elements take when contiguous.
+    /// Bytes the elements take when contiguous: exact, however large (a
+    /// broadcast of 2**62 float32 elements takes 2**64).
     #[getter]
-    fn nbytes(&self) -> usize {
-        self.view().nbytes()
+    fn nbytes(&self) -> u128 {
+        let view = self.view();
+        let (count, bits) = (view.len() as u128, u128::from(view.dtype().element_bits()));
+        if view.is_subbyte_padded() {
+            count * bits.div_ceil(8)
+        } else {
+            (count * bits).div_ceil(8)
+        }
     }
 
     /// Stride of each axis, in elements; always filled in.

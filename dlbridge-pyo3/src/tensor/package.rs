@@ -4,13 +4,19 @@
 //! `Tensor` class. So that a tensor returned by any of them is an instance of
 //! the `dlbridge` package's class (`isinstance(t, dlbridge.Tensor)`, and
 //! pickling that needs the package), the package publishes a C function that
-//! adopts a tensor into its class, `dlbridge._native._TENSOR_API`, as NumPy
-//! publishes its array API to rust-numpy; other extensions hand what they
-//! return to it. Without the package (or with one of an incompatible ABI), an
+//! adopts a tensor into its class, as NumPy publishes its array API to
+//! rust-numpy; other extensions hand what they return to it. The table lives
+//! in the interpreter's state dict, where only C code puts anything (see
+//! `trust.rs`), not in a module attribute Python code could rebind to another
+//! build's table. Without the package (or with one of another ABI), an
 //! extension's tensors are instances of its own class, which works
 //! everywhere DLPack does. The table also describes a package tensor in place
 //! (memory, writability, readiness), so that another extension's arguments
 //! read and write it without an export.
+//!
+//! Each struct passed through the table comes with its size: fields are only
+//! appended, a callee reads or writes no more than the caller has, and a
+//! change to an existing field is a new major (pinned by the tests below).
 
 use core::ffi::{c_int, CStr};
 
@@ -24,17 +30,22 @@ use pyo3::{ffi, intern, IntoPyObject};
 
 use super::{Tensor, TensorObject};
 use crate::any_owned::AnyOwned;
+use crate::abi_structs::{read_prefix, write_prefix};
 use crate::errors::{for_c_caller, IntoPyResult};
+use crate::borrows::HeldRead;
 use crate::owner::PyOwner;
 use crate::writability::Writability;
 
-/// The capsule's name, and its attribute of `dlbridge._native`.
-const CAPSULE: &CStr = c"dlbridge._native._TENSOR_API";
-/// Changed only when a field's meaning changes; new fields are appended and counted by `size`.
-const ABI_MAJOR: u32 = 1;
+/// The capsule's name, and its key in the interpreter's dict: never changes.
+const KEY: &CStr = c"dlbridge.package_tensor_api";
+/// Changed whenever a field's meaning, of the table or of a struct passed
+/// through it, changes; new fields are appended. (2: `Described` lost
+/// `copied`; the structs come with their size.)
+const ABI_MAJOR: u32 = 2;
 
 /// A tensor handed from one extension to the package's class.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct Handover {
     /// An owned versioned tensor; NULL when `legacy` is given.
     versioned: *mut DLManagedTensorVersioned,
@@ -48,10 +59,14 @@ struct Handover {
     ready: i64,
     /// A shared-memory segment kept alive with the tensor (a new reference), or NULL.
     origin: *mut ffi::PyObject,
+    /// A shared borrow the tensor holds for as long as it lives (its id in
+    /// the registry, handed over with it), or 0.
+    held_read: u64,
 }
 
 /// A package tensor as another extension's argument sees it, in place.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct Described {
     /// Non-owning: data, shape and strides valid while the object lives.
     tensor: DLTensor,
@@ -70,25 +85,28 @@ struct Described {
 struct TensorApi {
     abi_major: u32,
     size: u32,
-    /// Takes everything `*handover` owns (on success and on failure) and
-    /// returns a new `dlbridge.Tensor`, or NULL with an exception set. The
-    /// caller holds the GIL.
-    adopt: unsafe extern "C" fn(handover: *mut Handover) -> *mut ffi::PyObject,
-    /// Fills `*out` for `obj` if it is a package tensor and returns 0; 1 if it
-    /// is not one; -1 with an exception set. `requested` (when `has_requested`)
-    /// is the stream the caller will use. The caller holds the GIL.
-    describe: unsafe extern "C" fn(obj: *mut ffi::PyObject, has_requested: u8, requested: i64, out: *mut Described) -> c_int,
+    /// Takes everything `*handover` (`handover_size` bytes) owns, on success
+    /// and on failure, and returns a new `dlbridge.Tensor`, or NULL with an
+    /// exception set. The caller is attached (holds the GIL, with one).
+    adopt: unsafe extern "C" fn(handover: *const Handover, handover_size: usize) -> *mut ffi::PyObject,
+    /// Fills at most `out_size` bytes of `*out` for `obj` if it is a package
+    /// tensor and returns 0; 1 if it is not one; -1 with an exception set.
+    /// `requested` (when `has_requested`) is the stream the caller will use.
+    /// The caller is attached.
+    describe: unsafe extern "C" fn(obj: *mut ffi::PyObject, has_requested: u8, requested: i64, out: *mut Described, out_size: usize) -> c_int,
 }
 
 static OWN: TensorApi = TensorApi { abi_major: ABI_MAJOR, size: core::mem::size_of::<TensorApi>() as u32, adopt, describe };
 
 /// Publishes this module's class as the one `dlbridge.Tensor` (the package's
-/// `_native` module calls this from `register`).
+/// `_native` module calls this from `register`); the first package of the
+/// interpreter stays the one.
 pub(crate) fn publish(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = module.py();
     let own = core::ptr::addr_of!(OWN).cast_mut().cast();
     // SAFETY: a static table outlives the capsule; no destructor is needed.
-    let capsule = unsafe { Bound::from_owned_ptr_or_err(module.py(), ffi::PyCapsule_New(own, CAPSULE.as_ptr(), None))? };
-    module.add("_TENSOR_API", capsule)
+    let capsule = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyCapsule_New(own, KEY.as_ptr(), None))? };
+    crate::trust::publish_for_interpreter(py, KEY, &capsule).map(drop).ok_or_else(|| PySystemError::new_err("the package's tensor table could not be published"))
 }
 
 /// Looks the package's table up now (an import, the first time), before an
@@ -106,29 +124,18 @@ struct Package {
 }
 
 /// The package, if it is installed, speaks this ABI, and is not this
-/// extension itself. Looked up once per process.
+/// extension itself. Looked up once per process: in the interpreter's dict,
+/// after importing `dlbridge._native` (which publishes it) if it is not there yet.
 fn package(py: Python<'_>) -> Option<&'static Package> {
     static PACKAGE: PyOnceLock<Option<Package>> = PyOnceLock::new();
     PACKAGE
         .get_or_init(py, || {
             let found = (|| -> PyResult<Option<Package>> {
                 let module = py.import(intern!(py, "dlbridge._native"))?;
-                let capsule = module.getattr(intern!(py, "_TENSOR_API"))?;
-                // SAFETY: a name check on a live object; IsValid never raises.
-                if unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), CAPSULE.as_ptr()) } != 1 {
-                    return Ok(None);
-                }
-                // SAFETY: a capsule of this name, just checked; no exception is possible.
-                let table = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE.as_ptr()).cast::<TensorApi>() };
-                // SAFETY: a valid capsule of this name holds a table that lives as
-                // long as the process (extension modules are never unloaded) and
-                // starts with its major and size, read before anything larger.
-                let [major, size] = unsafe { table.cast::<[u32; 2]>().read() };
-                if major != ABI_MAJOR || (size as usize) < core::mem::size_of::<TensorApi>() {
-                    return Ok(None);
-                }
-                // SAFETY: as above; the table has every field this version reads.
-                let api = unsafe { &*table };
+                let Some(entry) = crate::trust::interpreter_entry(py, KEY) else { return Ok(None) };
+                let Ok(table) = crate::trust::table_of(&entry, KEY, ABI_MAJOR, core::mem::size_of::<TensorApi>()) else { return Ok(None) };
+                // SAFETY: a table of this major and size, which lives as long as the process.
+                let api = unsafe { &*table.cast::<TensorApi>() };
                 if core::ptr::eq(api, &OWN) {
                     return Ok(None);
                 }
@@ -181,7 +188,7 @@ impl<'py> IntoPyObject<'py> for Tensor {
 /// extensions' drivers share) and shared-memory origin.
 fn hand_over<'py>(py: Python<'py>, api: &TensorApi, tensor: Tensor) -> PyResult<Bound<'py, PyAny>> {
     let ready = tensor.stream_for(None)?;
-    let Tensor { owned, writability, origin, ready: _ } = tensor;
+    let Tensor { owned, writability, origin, ready: _, held_read } = tensor;
     let owned = owned.into_inner();
     let flags = owned.flags();
     let (versioned, legacy) = match owned {
@@ -195,22 +202,23 @@ fn hand_over<'py>(py: Python<'py>, api: &TensorApi, tensor: Tensor) -> PyResult<
             (exported.into_raw(), core::ptr::null_mut())
         }
     };
-    let mut handover = Handover {
+    let handover = Handover {
         versioned,
         legacy,
         writability: writability_code(writability),
         has_ready: u8::from(ready.is_some()),
         ready: ready.unwrap_or(0),
         origin: origin.map_or(core::ptr::null_mut(), PyOwner::into_ptr),
+        held_read: held_read.into_id(),
     };
-    // SAFETY: the package's function with a complete handover, which it takes
-    // over entirely; the GIL is held.
-    unsafe { Bound::from_owned_ptr_or_err(py, (api.adopt)(&mut handover)) }
+    // SAFETY: the package's function with a complete handover of the size
+    // passed, which it takes over entirely; the thread is attached.
+    unsafe { Bound::from_owned_ptr_or_err(py, (api.adopt)(&handover, core::mem::size_of::<Handover>())) }
 }
 
-unsafe extern "C" fn adopt(handover: *mut Handover) -> *mut ffi::PyObject {
-    // SAFETY: the caller passes a complete handover and holds the GIL.
-    let handover = unsafe { handover.read() };
+unsafe extern "C" fn adopt(handover: *const Handover, handover_size: usize) -> *mut ffi::PyObject {
+    // SAFETY: the caller passes a handover of `handover_size` bytes and is attached.
+    let handover = unsafe { read_prefix(handover, handover_size) };
     let on_panic = || PySystemError::new_err("dlbridge panicked while adopting a tensor from another extension");
     for_c_caller(core::ptr::null_mut(), on_panic, |py| adopted(py, handover).map(Bound::into_ptr))
 }
@@ -226,8 +234,11 @@ fn adopted(py: Python<'_>, h: Handover) -> PyResult<Bound<'_, PyAny>> {
         AnyOwned::Versioned(unsafe { Owned::<DLManagedTensorVersioned>::from_raw(h.versioned) }.py()?)
     };
     let writability = writability_of(h.writability);
+    // Taken over first, so that it is released whatever fails below.
+    let held_read = HeldRead::from_id(h.held_read);
     let mut tensor = Tensor::with_writability(owned, writability).ready_on(if h.has_ready != 0 { Some(h.ready) } else { None })?;
     tensor.origin = origin;
+    tensor.held_read = held_read;
     Ok(Bound::new(py, TensorObject(tensor))?.into_any())
 }
 
@@ -251,16 +262,18 @@ pub(crate) fn describe_package_tensor(obj: &Bound<'_, PyAny>, requested: Option<
     if unsafe { ffi::Py_TYPE(obj.as_ptr()) } != tensor_type.as_ptr().cast() {
         return Ok(None);
     }
-    let mut out = core::mem::MaybeUninit::<Described>::uninit();
+    // Zero: what an older package leaves unwritten reads as "no" and "none".
+    let mut d = core::mem::MaybeUninit::<Described>::zeroed();
     // SAFETY: the package's function, with a live object, a writable out
-    // struct and the GIL held.
-    match unsafe { (api.describe)(obj.as_ptr(), u8::from(requested.is_some()), requested.unwrap_or(0), out.as_mut_ptr()) } {
+    // struct of the size passed, from an attached thread.
+    let code = unsafe { (api.describe)(obj.as_ptr(), u8::from(requested.is_some()), requested.unwrap_or(0), d.as_mut_ptr(), core::mem::size_of::<Described>()) };
+    match code {
         0 => {}
         1 => return Ok(None),
         _ => return Err(PyErr::fetch(py)),
     }
-    // SAFETY: filled on success.
-    let d = unsafe { out.assume_init() };
+    // SAFETY: zeroed, then filled on success: plain data either way.
+    let d = unsafe { d.assume_init() };
     let ready = (d.has_ready != 0).then_some(d.ready);
     Ok(Some(PackageTensor { tensor: d.tensor, writability: writability_of(d.writability), padded: d.padded != 0, ready }))
 }
@@ -281,7 +294,7 @@ fn writability_code(writability: Writability) -> u8 {
     }
 }
 
-unsafe extern "C" fn describe(obj: *mut ffi::PyObject, has_requested: u8, requested: i64, out: *mut Described) -> c_int {
+unsafe extern "C" fn describe(obj: *mut ffi::PyObject, has_requested: u8, requested: i64, out: *mut Described, out_size: usize) -> c_int {
     let on_panic = || PySystemError::new_err("dlbridge panicked while describing a tensor to another extension");
     for_c_caller(-1, on_panic, |py| {
         // SAFETY: a live object, borrowed for the call (the caller's contract).
@@ -296,8 +309,39 @@ unsafe extern "C" fn describe(obj: *mut ffi::PyObject, has_requested: u8, reques
             has_ready: u8::from(ready.is_some()),
             ready: ready.unwrap_or(0),
         };
-        // SAFETY: the caller's writable out struct.
-        unsafe { out.write(described) };
+        // SAFETY: the caller's writable out struct of `out_size` bytes.
+        unsafe { write_prefix(&described, out, out_size) };
         Ok(0)
     })
+}
+
+#[cfg(all(test, target_pointer_width = "64"))]
+mod layout {
+    use core::mem::{offset_of, size_of};
+
+    use super::*;
+
+    #[test]
+    fn the_structs_another_build_reads_are_those_of_abi_2() {
+        assert_eq!(ABI_MAJOR, 2, "a new major: pin its layout here");
+        assert_eq!((size_of::<TensorApi>(), offset_of!(TensorApi, adopt), offset_of!(TensorApi, describe)), (24, 8, 16));
+        let handover = (
+            size_of::<Handover>(),
+            offset_of!(Handover, legacy),
+            offset_of!(Handover, writability),
+            offset_of!(Handover, has_ready),
+            offset_of!(Handover, ready),
+            offset_of!(Handover, origin),
+            offset_of!(Handover, held_read),
+        );
+        assert_eq!(handover, (48, 8, 16, 17, 24, 32, 40));
+        let described = (
+            size_of::<Described>(),
+            offset_of!(Described, writability),
+            offset_of!(Described, padded),
+            offset_of!(Described, has_ready),
+            offset_of!(Described, ready),
+        );
+        assert_eq!(described, (64, 48, 49, 50, 56));
+    }
 }

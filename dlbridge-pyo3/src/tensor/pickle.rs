@@ -28,13 +28,20 @@ use pyo3::{ffi, intern};
 
 use super::{Tensor, TensorObject};
 use crate::any_owned::AnyOwned;
+use crate::borrows::HeldRead;
 use crate::convert::parse_dtype;
 use crate::errors::IntoPyResult;
 use crate::owner::{open_buffer, PyOwner};
 use crate::writability::Writability;
 
 /// The reads of a tensor's bytes that pickling and copying make, all of them:
-/// the one place to guard against a writer of the same memory.
+/// the one place to guard against a writer of the same memory. Every host
+/// read of dlbridge's goes through one of these or through [`bytes_view`]
+/// (out-of-band pickles, `share_memory()`, Dask frames): `tolist()`
+/// (`Tensor::host_read`), `copy()`, `copy.copy`/`deepcopy`, pickles of every
+/// protocol, `from_dlpack(copy=True)` and copies to a device. (The buffer
+/// protocol and the array interfaces hand the memory to Python code, whose
+/// reads no borrow sees: README, "Borrows".)
 mod read {
     use super::*;
 
@@ -120,7 +127,11 @@ fn check_cpu(this: &Tensor, what: &str) -> PyResult<()> {
 }
 
 /// A one-dimensional `uint8` tensor over the bytes of a C-contiguous CPU
-/// tensor, sharing them (and their writability): what a `PickleBuffer` wraps.
+/// tensor, sharing them (and their writability): what a `PickleBuffer` wraps,
+/// and what shared memory and transports copy from. Those read the bytes
+/// after this returns, so it holds a shared borrow of them for as long as it
+/// lives: refused while an extension holds them writable, and no extension
+/// may write them meanwhile.
 pub(super) fn bytes_view(slf: &Bound<'_, TensorObject>) -> PyResult<Tensor> {
     let this = slf.get();
     this.check_host_access()?;
@@ -128,6 +139,7 @@ pub(super) fn bytes_view(slf: &Bound<'_, TensorObject>) -> PyResult<Tensor> {
     if !view.is_c_contiguous() {
         return Err(PyValueError::new_err("only a C-contiguous tensor has one run of bytes"));
     }
+    let held_read = HeldRead::take(slf.py(), view, || "tensor".to_owned())?;
     let nbytes = view.nbytes();
     let layout = RawLayout { dtype: DataType::UINT8, device: Device::CPU, shape: &[nbytes as i64], strides: None, byte_offset: 0 };
     // SAFETY: a validated C-contiguous CPU view occupies exactly `nbytes` bytes
@@ -135,7 +147,9 @@ pub(super) fn bytes_view(slf: &Bound<'_, TensorObject>) -> PyResult<Tensor> {
     // writable only if the tensor is (the flags say so otherwise).
     let owned: OwnedTensor =
         unsafe { export_raw(PyOwner::new(slf.as_any()), view.as_ptr().cast_mut(), layout, this.writability.flags()) }.py()?;
-    Ok(Tensor::with_writability(AnyOwned::Versioned(owned), this.writability))
+    let mut bytes = Tensor::with_writability(AnyOwned::Versioned(owned), this.writability);
+    bytes.held_read = held_read;
+    Ok(bytes)
 }
 
 /// `Tensor.__reduce_ex__(protocol)`.
@@ -234,6 +248,14 @@ pub(crate) fn _rebuild_tensor(
     } else {
         if buffer.readonly != 0 || writability == Writability::ReadOnly {
             flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
+        }
+        // Unpickled in this process over the tensor's own bytes (out of band):
+        // the new tensor reads and writes them under borrows of its own, so the
+        // payload's hold on them ends (else the tensor could never be written).
+        // SAFETY: the exporter the buffer names is live while the buffer is open.
+        let exporter = unsafe { pyo3::Borrowed::from_ptr_or_opt(payload.py(), buffer.obj) };
+        if let Some(bytes) = exporter.as_ref().and_then(|e| e.cast_exact::<TensorObject>().ok()) {
+            bytes.get().held_read.end(payload.py());
         }
         let data = buffer.buf;
         // SAFETY: a C-contiguous buffer of exactly `needed` bytes, the layout's

@@ -325,6 +325,8 @@ def _rebuild_tensor(
     payload: Any, dtype: Union[str, DType], shape: Sequence[int], writability: str, padded: bool, origin: Any = None
 ) -> Tensor: ...
 
+def _ml_dtypes_type(dtype: Union[str, DType]) -> type: ...
+
 def zeros(shape: Union[int, Sequence[int]], dtype: Union[None, str, DType] = None) -> Tensor:
     """A zero-filled CPU tensor whose memory Rust owns, 64-byte aligned; dtype None means "float32".
     MemoryError when the memory cannot be had.

@@ -31,14 +31,17 @@ def to_numpy(t):
     name = str(t.dtype)
     if name not in ML_DTYPES:
         return np.from_dlpack(t)
-    try:
-        import ml_dtypes
-    except ImportError:
-        raise TypeError(f"a {name} tensor needs the ml_dtypes package to become a NumPy array (pip install ml_dtypes)") from None
-    target = np.dtype(getattr(ml_dtypes, name))
-    if t.dtype.itemsize is not None:
-        raw = np.asarray(_Raw(t, f"<u{target.itemsize}" if target.itemsize > 1 else "|u1", target.itemsize))
+    # The type the Rust side read from ml_dtypes once and checked (a numpy.generic whose NumPy
+    # dtype has this dtype's item size), never `ml_dtypes.<name>` now, which may be rebound.
+    target = np.dtype(_native._ml_dtypes_type(t.dtype))
+    itemsize = t.dtype.itemsize  # dlbridge's own: the raw view is sized by the tensor, not by the target
+    if itemsize is not None:
+        if target.itemsize != itemsize:
+            raise TypeError(f"ml_dtypes' {name} takes {target.itemsize} bytes, not {itemsize}")
+        raw = np.asarray(_Raw(t, f"<u{itemsize}" if itemsize > 1 else "|u1", itemsize))
         return raw.view(target)
+    if target.itemsize != 1:
+        raise TypeError(f"ml_dtypes' {name} takes {target.itemsize} bytes, not one per value")
     bits = t.dtype.bits
     if t._subbyte_padded:  # one value per byte, as ml_dtypes stores them
         return np.asarray(_Raw(t, "|u1", 1)).view(target)

@@ -74,8 +74,11 @@ def test_a_host_tensor_exports_to_a_device_when_asked(driver, stream):
     u = dlbridge.from_dlpack(cap)
     assert u.device == (2, 0) and u.is_copied
     assert driver.read(consumer, u.data_ptr, 6) == list(range(6))
-    with pytest.raises(ValueError, match="cannot move .* without copying"):
+    with pytest.raises(BufferError, match="cannot move .* without copying"):
         t.__dlpack__(dl_device=(2, 0), copy=False)
+    # Back to the CPU: a copy needed for CPU access with copy=False is the method reference's ValueError.
+    with pytest.raises(ValueError, match="cannot move .* without copying"):
+        u.__dlpack__(dl_device=(1, 0), copy=False)
 
 
 @pytest.mark.parametrize("shape, strides, first, size", [

@@ -1,0 +1,162 @@
+//! Whom dlbridge trusts for what, and by what Python code cannot forge.
+//!
+//! Python code can give a class any name, copy any attribute (a capsule
+//! included) onto a class of its own, answer any `__class__`, give a metaclass
+//! a lying `__dict__`, rebind any module attribute and replace any
+//! `sys.modules` entry. Only C code makes a static type, fills a type's real
+//! `tp_mro` and `tp_dict`, has a C function's address, and reaches the
+//! interpreter's state dict. Each trust rests on one of those; whatever is
+//! not trusted goes through the object's own `__dlpack__`, or is refused.
+//!
+//! | trusted | for | because | impostor test |
+//! |---|---|---|---|
+//! | torch's exchange table | importing and filling torch tensors without `__dlpack__` | its address is what torch's builtin `torch._C._dlpack_exchange_api` returns, and the object's type has the static `torch._C.TensorBase` in its real MRO | `test_trust.py::test_a_class_with_torchs_capsule_*` |
+//! | another producer's exchange table | the same | published by a static type that also defines (in its real dict) the `__dlpack__` its instances run (dlbridge's own tensors are imported directly; its table takes exact `dlbridge.Tensor` objects only) | `test_trust.py::test_a_heap_type_publishing_a_table_*`, `test_trust.py::test_a_class_with_dlbridges_capsule_*` |
+//! | NumPy's array struct | reading arrays in place | the exact type is a static type named `numpy.ndarray`, with room for the struct | `test_soundness.py::test_a_class_named_numpy_ndarray_*`, `test_soundness.py::test_numpy_ndarray_rebound_*` |
+//! | `ml_dtypes`' scalar types | naming dtypes NumPy lacks, sizing `numpy()`'s views | `numpy.generic` subclasses whose registered NumPy dtype has the item size of the DLPack dtype they name, read once before any field of an array | `test_ml_dtypes.py::test_an_impostor_ml_dtypes_module_*`, `test_ml_dtypes.py::test_a_rebound_ml_dtypes_*` |
+//! | the package's `Tensor` table | adopting and describing package tensors | a capsule in the interpreter's state dict, of this ABI major and size | `test_trust.py::test_the_package_table_*` |
+//! | the borrow registry | sharing borrows between extensions | a capsule in the interpreter's state dict, of this ABI major and size | `test_borrow_registry.py::test_one_registry_*`, `test_borrow_registry.py::test_a_registry_of_another_major_*` |
+
+use core::ffi::CStr;
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyString, PyType};
+
+/// The module `sys.modules[name]`, if imported (never imports it). Anything
+/// may sit there: what it gives is checked by the caller.
+pub(crate) fn imported_module<'py>(py: Python<'py>, name: &Bound<'py, PyString>) -> Option<Bound<'py, PyAny>> {
+    // SAFETY: with the GIL; GetModule never imports and returns a new reference or NULL.
+    let module = unsafe { Bound::from_owned_ptr_or_opt(py, ffi::PyImport_GetModule(name.as_ptr())) };
+    if module.is_none() {
+        let _ = PyErr::take(py);
+    }
+    module
+}
+
+/// Whether `ty` is a static (C-made) type: Python code makes only heap types,
+/// and cannot set attributes on static ones.
+///
+/// # Safety
+/// `ty` is a live type object.
+#[inline]
+pub(crate) unsafe fn is_static_type(ty: *mut ffi::PyTypeObject) -> bool {
+    // SAFETY: a field of a live type object.
+    let flags = unsafe { (*ty).tp_flags };
+    flags & ffi::Py_TPFLAGS_HEAPTYPE == 0
+}
+
+/// Whether `ty` is a static type named `name`. Compares bytes up to the first
+/// that differs, with no strlen: this runs for every argument of a process
+/// that has not passed a NumPy array yet.
+///
+/// # Safety
+/// `ty` is a live type object.
+#[inline]
+pub(crate) unsafe fn is_static_type_named(ty: *mut ffi::PyTypeObject, name: &CStr) -> bool {
+    // SAFETY: `tp_name` of a live type is NUL-terminated; the comparison stops
+    // at its first byte that differs from `name`'s, at the latest at `name`'s NUL.
+    let named = name.to_bytes_with_nul().iter().enumerate().all(|(i, &b)| unsafe { *(*ty).tp_name.add(i) } as u8 == b);
+    // SAFETY: forwarded from the caller.
+    named && unsafe { is_static_type(ty) }
+}
+
+/// The class of `ty`'s real MRO whose own dict defines `name`: where CPython's
+/// lookup finds it, whatever a metaclass says `__dict__` or `__mro__` is.
+pub(crate) fn definer<'py>(ty: &Bound<'py, PyType>, name: &Bound<'py, PyString>) -> Option<Bound<'py, PyType>> {
+    ty.mro().iter().filter_map(|class| class.cast_into::<PyType>().ok()).find(|class| {
+        own_dict_item(class, name).is_some()
+    })
+}
+
+/// `name` in `ty`'s own dict (not its bases'), read from the type itself.
+pub(crate) fn own_dict_item<'py>(ty: &Bound<'py, PyType>, name: &Bound<'py, PyString>) -> Option<Bound<'py, PyAny>> {
+    let py = ty.py();
+    // SAFETY: a live type; its dict (a new reference from 3.12, where static
+    // builtin types keep it elsewhere; borrowed before) is a dict or NULL.
+    let dict = unsafe {
+        #[cfg(Py_3_12)]
+        let dict = Bound::from_owned_ptr_or_opt(py, ffi::PyType_GetDict(ty.as_type_ptr()));
+        #[cfg(not(Py_3_12))]
+        let dict = Bound::from_borrowed_ptr_or_opt(py, (*ty.as_type_ptr()).tp_dict);
+        dict?
+    };
+    let mut item = core::ptr::null_mut();
+    // SAFETY: a real dict; GetItemRef gives a new reference, or NULL (with an
+    // error only if the key's hash failed, which a str's cannot).
+    if unsafe { ffi::compat::PyDict_GetItemRef(dict.as_ptr(), name.as_ptr(), &mut item) } <= 0 {
+        let _ = PyErr::take(py);
+        return None;
+    }
+    // SAFETY: the new reference just taken.
+    Some(unsafe { Bound::from_owned_ptr(py, item) })
+}
+
+/// `interpreter_dict.setdefault(key, value)`: the entry there after, which
+/// `value` if no other was. The interpreter's state dict is reachable only
+/// from C: an entry there was put there by C code.
+pub(crate) fn publish_for_interpreter<'py>(py: Python<'py>, key: &CStr, value: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    let key = PyString::new(py, key.to_str().ok()?);
+    // SAFETY: the current interpreter's dict (borrowed; NULL, with no error set,
+    // if it has none). SetDefault is atomic, so of two extensions publishing at
+    // once one wins; it returns a borrowed reference to the entry.
+    unsafe {
+        let dict = ffi::PyInterpreterState_GetDict(ffi::PyInterpreterState_Get());
+        if dict.is_null() {
+            return None;
+        }
+        let entry = ffi::PyDict_SetDefault(dict, key.as_ptr(), value.as_ptr());
+        if entry.is_null() {
+            let _ = PyErr::take(py);
+            return None;
+        }
+        Some(Bound::from_borrowed_ptr(py, entry))
+    }
+}
+
+/// The interpreter's dict's entry `key`, if any.
+pub(crate) fn interpreter_entry<'py>(py: Python<'py>, key: &CStr) -> Option<Bound<'py, PyAny>> {
+    let key = PyString::new(py, key.to_str().ok()?);
+    let mut entry = core::ptr::null_mut();
+    // SAFETY: the current interpreter's dict (borrowed; NULL if it has none);
+    // GetItemRef gives a new reference, or NULL.
+    unsafe {
+        let dict = ffi::PyInterpreterState_GetDict(ffi::PyInterpreterState_Get());
+        if dict.is_null() || ffi::compat::PyDict_GetItemRef(dict, key.as_ptr(), &mut entry) <= 0 {
+            let _ = PyErr::take(py);
+            return None;
+        }
+        Some(Bound::from_owned_ptr(py, entry))
+    }
+}
+
+/// The pointer of `entry` if it is a capsule named `name` whose table starts
+/// with major `major` and a size of at least `size`; `Err` with what it is
+/// otherwise.
+pub(crate) fn table_of(entry: &Bound<'_, PyAny>, name: &CStr, major: u32, size: usize) -> Result<*mut core::ffi::c_void, TableMismatch> {
+    // SAFETY: a name check on a live object; IsValid never raises.
+    if unsafe { ffi::PyCapsule_IsValid(entry.as_ptr(), name.as_ptr()) } != 1 {
+        return Err(TableMismatch::NotATable);
+    }
+    // SAFETY: a valid capsule of this name (checked), whose pointer is not NULL.
+    let table = unsafe { ffi::PyCapsule_GetPointer(entry.as_ptr(), name.as_ptr()) };
+    // SAFETY: tables published under these names live as long as the process
+    // and start with their major and size, read before anything else.
+    let [found_major, found_size] = unsafe { table.cast::<[u32; 2]>().read() };
+    if found_major != major {
+        return Err(TableMismatch::OtherMajor(found_major));
+    }
+    if (found_size as usize) < size {
+        return Err(TableMismatch::NotATable);
+    }
+    Ok(table)
+}
+
+/// Why an entry is not a table this build may use.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum TableMismatch {
+    /// Not a capsule of the name, or a table smaller than this ABI's.
+    NotATable,
+    /// A table of another ABI major.
+    OtherMajor(u32),
+}
