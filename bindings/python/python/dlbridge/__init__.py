@@ -10,6 +10,9 @@
 
 from ._native import DLPACK_VERSION, DType, Tensor, __version__, _rebuild_tensor, asarray, empty, from_dlpack, zeros
 from ._shared import cleanup_shared_memory, share_memory
+from . import _engines
+
+_engines.install()  # Tensor's serializers for Dask and Ray, registered when (if) they are imported
 
 __all__ = [
     "DLPACK_VERSION",
