@@ -1,7 +1,7 @@
 //! Python values to core values and back: devices, dtypes (and `dlbridge.DType`),
 //! shapes, type names.
 
-use dlbridge::{DataType, Device, DeviceType};
+use dlbridge::{DataType, Device, DeviceType, MAX_NDIM};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
@@ -69,13 +69,18 @@ pub(crate) fn parse_dtype_name(name: &str) -> PyResult<DataType> {
 
 /// Parses a `shape` argument: an int, or a tuple or list of ints.
 pub(crate) fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
-    if let Ok(n) = shape.extract::<i64>() {
-        return Ok(vec![n]);
+    let extents: Vec<i64> = if let Ok(n) = shape.extract::<i64>() {
+        vec![n]
+    } else if shape.cast::<PyTuple>().is_ok() || shape.cast::<PyList>().is_ok() {
+        shape.extract()?
+    } else {
+        return Err(PyTypeError::new_err(format!("shape must be an int or a sequence of ints, got {shape}")));
+    };
+    // As NumPy says it: a shape of a tensor to make is an argument, not a tensor's metadata.
+    if let Some(n) = extents.iter().find(|&&n| n < 0) {
+        return Err(PyValueError::new_err(format!("negative dimensions are not allowed: {n} in shape {extents:?}")));
     }
-    if shape.cast::<PyTuple>().is_ok() || shape.cast::<PyList>().is_ok() {
-        return shape.extract();
-    }
-    Err(PyTypeError::new_err(format!("shape must be an int or a sequence of ints, got {shape}")))
+    Ok(extents)
 }
 
 /// An element type: `str(dtype)` is the canonical name, and it compares equal
@@ -140,4 +145,20 @@ impl DType {
         // Equal to the hash of the canonical name, since the two compare equal.
         PyString::new(py, &self.0.to_string()).hash()
     }
+}
+
+/// A pickled shape: a tuple or list of at most `MAX_NDIM` ints (checked before
+/// anything is allocated for it).
+pub(crate) fn parse_pickled_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    let len = if let Ok(t) = shape.cast::<PyTuple>() {
+        t.len()
+    } else if let Ok(l) = shape.cast::<PyList>() {
+        l.len()
+    } else {
+        return Err(PyTypeError::new_err(format!("shape must be a tuple of ints, got {}", shape.get_type())));
+    };
+    if len > MAX_NDIM {
+        return Err(PyValueError::new_err(format!("{len} dimensions; at most {MAX_NDIM} are supported")));
+    }
+    shape.extract()
 }

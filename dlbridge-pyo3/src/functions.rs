@@ -52,11 +52,18 @@ pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py
 pub(crate) fn empty<'py>(shape: &Bound<'py, PyAny>, dtype: Option<&Bound<'py, PyAny>>, shared: bool) -> PyResult<Bound<'py, PyAny>> {
     let py = shape.py();
     if shared {
-        let make = crate::python_calls::import(py, pyo3::intern!(py, "dlbridge._shared"))?.getattr(pyo3::intern!(py, "empty"))?;
-        let dtype = dtype.map_or_else(|| py.None().into_bound(py), Bound::clone);
-        return crate::python_calls::call(&make, &pyo3::types::PyTuple::new(py, [shape.clone(), dtype])?);
+        let (dtype, shape) = (dtype_or_float32(dtype)?, parse_shape(shape)?);
+        check_size(&shape, dtype)?;
+        return crate::tensor::shared_empty(py, dtype, &shape)?.into_pyobject(py);
     }
     zeros(shape, dtype)?.into_pyobject(py)
+}
+
+fn dtype_or_float32(dtype: Option<&Bound<'_, PyAny>>) -> PyResult<dlbridge::DataType> {
+    match dtype {
+        Some(d) if !d.is_none() => parse_dtype(d),
+        _ => Ok(dlbridge::DataType::FLOAT32),
+    }
 }
 
 /// `_ml_dtypes_type(dtype)`: the `ml_dtypes` scalar type of `dtype` as the
@@ -72,11 +79,7 @@ pub(crate) fn _ml_dtypes_type<'py>(dtype: &Bound<'py, PyAny>) -> PyResult<Bound<
 #[pyfunction]
 #[pyo3(signature = (shape, dtype=None))]
 pub(crate) fn zeros(shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<Tensor> {
-    let dtype = match dtype {
-        Some(d) if !d.is_none() => parse_dtype(d)?,
-        _ => dlbridge::DataType::FLOAT32,
-    };
-    let shape = parse_shape(shape)?;
+    let (dtype, shape) = (dtype_or_float32(dtype)?, parse_shape(shape)?);
     check_size(&shape, dtype)?;
     let owned: OwnedTensor = dlbridge::zeros(dtype, &shape).py()?;
     Ok(Tensor::new(owned))

@@ -114,6 +114,8 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(functions::zeros, module)?)?;
     module.add_function(wrap_pyfunction!(tensor::_rebuild_tensor, module)?)?;
     module.add_function(wrap_pyfunction!(functions::_ml_dtypes_type, module)?)?;
+    module.add_function(wrap_pyfunction!(tensor::_shared_tensor, module)?)?;
+    module.add_function(wrap_pyfunction!(tensor::_shared_exit_sweep, module)?)?;
     #[cfg(feature = "testing")]
     testing::register(module)?;
     let v = dlbridge::ffi::DLPackVersion::CURRENT;

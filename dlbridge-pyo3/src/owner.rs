@@ -131,25 +131,6 @@ impl PyOwner {
     pub fn as_ptr(&self) -> *mut ffi::PyObject {
         self.0.as_ptr()
     }
-
-    /// The object, borrowed for as long as the GIL is held and `self` lives.
-    pub fn bind<'a, 'py>(&'a self, py: Python<'py>) -> pyo3::Borrowed<'a, 'py, PyAny> {
-        // SAFETY: a live object, kept alive by our strong reference.
-        unsafe { pyo3::Borrowed::from_ptr(py, self.0.as_ptr()) }
-    }
-
-    /// Takes over a strong reference.
-    ///
-    /// # Safety
-    /// `obj` is a non-NULL strong reference that the caller gives up.
-    pub(crate) unsafe fn from_owned_ptr(obj: NonNull<ffi::PyObject>) -> Self {
-        PyOwner(obj)
-    }
-
-    /// Gives the strong reference up to the caller.
-    pub(crate) fn into_ptr(self) -> *mut ffi::PyObject {
-        core::mem::ManuallyDrop::new(self).0.as_ptr()
-    }
 }
 
 impl Drop for PyOwner {
@@ -181,9 +162,9 @@ impl BufferOwner {
 
 impl Drop for BufferOwner {
     fn drop(&mut self) {
-        // SAFETY: with the GIL taken; the view was filled by PyObject_GetBuffer
-        // and is released once.
         let view = core::ptr::from_mut(&mut *self.0);
+        // SAFETY: with the GIL taken; the view was filled by PyObject_GetBuffer
+        // and is released once; the guarded closure only calls into Python.
         with_gil_unless_finalized(|| unsafe { parking_on_exit(|| ffi::PyBuffer_Release(view)) });
     }
 }

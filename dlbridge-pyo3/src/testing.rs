@@ -41,6 +41,14 @@ fn _holds_gil_here_and_elsewhere() -> PyResult<(bool, bool)> {
     Ok((crate::gil::holds_gil(), elsewhere))
 }
 
+/// Skips (or not) the free-space check of new shared-memory segments, so that
+/// tests can see the reservation alone refuse.
+#[cfg(unix)]
+#[pyfunction]
+fn _skip_shared_free_space_check(skip: bool) {
+    crate::tensor::SKIP_FREE_SPACE_CHECK.store(skip, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// How many argument borrows are live: 0 between extension calls.
 #[pyfunction]
 fn _live_borrows(py: Python<'_>) -> usize {
@@ -158,5 +166,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(_while_borrowed, module)?)?;
     module.add_function(wrap_pyfunction!(_argument_ready_stream, module)?)?;
     module.add_function(wrap_pyfunction!(_contract_breaking_table, module)?)?;
+    #[cfg(unix)]
+    module.add_function(wrap_pyfunction!(_skip_shared_free_space_check, module)?)?;
     Ok(())
 }

@@ -12,8 +12,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 # Set by scripts/release.sh: the suite runs against that wheel, installed, instead of the dev build.
 WHEEL = os.environ.get("DLBRIDGE_WHEEL_UNDER_TEST")
 # The `testing` feature's hooks (dlbridge-pyo3/src/testing.rs): every private name of _native but the
-# pickling constructor. Release wheels leave them out.
-HOOK_USE = re.compile(r"_native\._(?!_|rebuild_tensor\b)\w+")
+# package's own (pickling and shared-memory constructors, the exit sweep, numpy()'s type lookup).
+# Release wheels leave them out.
+HOOK_USE = re.compile(r"_native\._(?!_|rebuild_tensor\b|shared_tensor\b|shared_exit_sweep\b|ml_dtypes_type\b)\w+")
 
 
 def pytest_report_header(config):

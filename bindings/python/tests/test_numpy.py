@@ -378,7 +378,7 @@ def test_empty_zeros_repr_len():
     with pytest.raises(TypeError):
         len(dlbridge.zeros(()))
     assert dlbridge.zeros((0, 3)).tolist() == []
-    with pytest.raises(BufferError, match="negative"):
+    with pytest.raises(ValueError, match="negative dimensions are not allowed"):
         dlbridge.zeros((-1,))
     n = np.from_dlpack(dlbridge.zeros((3,), dlbridge.DType("uint16")))
     n[:] = 7

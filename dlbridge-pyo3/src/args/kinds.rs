@@ -212,7 +212,7 @@ pub(crate) fn expected<T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind>() -> S
         .flatten()
         .filter(|w| !w.is_empty())
         .collect();
-    crate::convert::with_article(&format!("{} tensor", words.join(" ")).trim_start())
+    crate::convert::with_article(format!("{} tensor", words.join(" ")).trim_start())
 }
 
 /// Why `view` is not what the argument asks for, or `None` when it is.

@@ -21,6 +21,7 @@ mod exchange_table;
 mod object;
 mod package;
 mod pickle;
+mod shared;
 mod tolist;
 
 use dlbridge::streams::Stream;
@@ -34,11 +35,14 @@ pub(crate) use exchange_table::CALLS;
 pub use object::TensorObject;
 pub(crate) use package::{describe_package_tensor, import as import_package, prepare_package_api, publish, PackageTensor};
 pub(crate) use pickle::_rebuild_tensor;
+pub(crate) use shared::{_shared_exit_sweep, _shared_tensor, empty as shared_empty};
+#[cfg(all(feature = "testing", unix))]
+pub(crate) use shared::SKIP_FREE_SPACE_CHECK;
 
 use crate::any_owned::AnyOwned;
 use crate::borrows::HeldRead;
 use crate::errors::IntoPyResult;
-use crate::owner::{ExceptionSafe, PyOwner};
+use crate::owner::ExceptionSafe;
 use crate::ready::ReadyCell;
 use crate::writability::Writability;
 
@@ -53,9 +57,8 @@ pub struct Tensor {
     /// Dropped with any exception in flight kept intact (a deleter may run Python code).
     owned: ExceptionSafe<AnyOwned>,
     writability: Writability,
-    /// The shared-memory segment the data lives in, if any: kept alive with
-    /// the tensor, and asked to pickle it as a handle.
-    origin: Option<PyOwner>,
+    /// The shared-memory segment the data lives in, if any: pickled as a handle.
+    origin: Option<std::sync::Arc<shared::Shared>>,
     /// For device memory, where its data is ready (see `crate::ready`).
     ready: ReadyCell,
     /// For a tensor over another's bytes that Python code reads later

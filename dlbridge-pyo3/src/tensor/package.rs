@@ -33,7 +33,6 @@ use crate::any_owned::AnyOwned;
 use crate::abi_structs::{read_prefix, write_prefix};
 use crate::errors::{for_c_caller, IntoPyResult};
 use crate::borrows::HeldRead;
-use crate::owner::PyOwner;
 use crate::writability::Writability;
 
 /// The capsule's name, and its key in the interpreter's dict: never changes.
@@ -57,8 +56,6 @@ struct Handover {
     has_ready: u8,
     /// The stream the data is ready on: 1 (CUDA's legacy default) or a ROCm stream value.
     ready: i64,
-    /// A shared-memory segment kept alive with the tensor (a new reference), or NULL.
-    origin: *mut ffi::PyObject,
     /// A shared borrow the tensor holds for as long as it lives (its id in
     /// the registry, handed over with it), or 0.
     held_read: u64,
@@ -188,7 +185,9 @@ impl<'py> IntoPyObject<'py> for Tensor {
 /// extensions' drivers share) and shared-memory origin.
 fn hand_over<'py>(py: Python<'py>, api: &TensorApi, tensor: Tensor) -> PyResult<Bound<'py, PyAny>> {
     let ready = tensor.stream_for(None)?;
-    let Tensor { owned, writability, origin, ready: _, held_read } = tensor;
+    // A shared-memory origin stays with the export (it owns the mapping); only
+    // the package makes shared tensors, so none comes from another extension.
+    let Tensor { owned, writability, origin: _, ready: _, held_read } = tensor;
     let owned = owned.into_inner();
     let flags = owned.flags();
     let (versioned, legacy) = match owned {
@@ -208,7 +207,6 @@ fn hand_over<'py>(py: Python<'py>, api: &TensorApi, tensor: Tensor) -> PyResult<
         writability: writability_code(writability),
         has_ready: u8::from(ready.is_some()),
         ready: ready.unwrap_or(0),
-        origin: origin.map_or(core::ptr::null_mut(), PyOwner::into_ptr),
         held_read: held_read.into_id(),
     };
     // SAFETY: the package's function with a complete handover of the size
@@ -224,8 +222,6 @@ unsafe extern "C" fn adopt(handover: *const Handover, handover_size: usize) -> *
 }
 
 fn adopted(py: Python<'_>, h: Handover) -> PyResult<Bound<'_, PyAny>> {
-    // SAFETY: a new reference handed over, or NULL.
-    let origin = core::ptr::NonNull::new(h.origin).map(|origin| unsafe { PyOwner::from_owned_ptr(origin) });
     let owned = if h.versioned.is_null() {
         // SAFETY: an owned legacy tensor handed over; validated here, deleted on error.
         AnyOwned::Legacy(unsafe { OwnedLegacyTensor::from_raw(h.legacy) }.py()?)
@@ -237,7 +233,6 @@ fn adopted(py: Python<'_>, h: Handover) -> PyResult<Bound<'_, PyAny>> {
     // Taken over first, so that it is released whatever fails below.
     let held_read = HeldRead::from_id(h.held_read);
     let mut tensor = Tensor::with_writability(owned, writability).ready_on(if h.has_ready != 0 { Some(h.ready) } else { None })?;
-    tensor.origin = origin;
     tensor.held_read = held_read;
     Ok(Bound::new(py, TensorObject(tensor))?.into_any())
 }
@@ -331,10 +326,9 @@ mod layout {
             offset_of!(Handover, writability),
             offset_of!(Handover, has_ready),
             offset_of!(Handover, ready),
-            offset_of!(Handover, origin),
             offset_of!(Handover, held_read),
         );
-        assert_eq!(handover, (48, 8, 16, 17, 24, 32, 40));
+        assert_eq!(handover, (40, 8, 16, 17, 24, 32));
         let described = (
             size_of::<Described>(),
             offset_of!(Described, writability),

@@ -20,16 +20,16 @@ use core::ffi::c_void;
 
 use dlbridge::export::{export_raw, RawLayout};
 use dlbridge::ffi::{DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED, DLPACK_FLAG_BITMASK_READ_ONLY};
-use dlbridge::{to_contiguous, AlignedBuffer, DataType, Device, OwnedTensor, MAX_NDIM};
+use dlbridge::{to_contiguous, AlignedBuffer, DataType, Device, OwnedTensor};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::PyTuple;
 use pyo3::{ffi, intern};
 
 use super::{Tensor, TensorObject};
 use crate::any_owned::AnyOwned;
 use crate::borrows::HeldRead;
-use crate::convert::parse_dtype;
+use crate::convert::{parse_dtype, parse_pickled_shape};
 use crate::errors::IntoPyResult;
 use crate::owner::{open_buffer, PyOwner};
 use crate::writability::Writability;
@@ -161,10 +161,8 @@ pub(super) fn reduce_ex<'py>(slf: &Bound<'py, TensorObject>, protocol: i64) -> P
     let shape = new::shape(py, view.shape())?.into_any();
     let writability = new::str(py, this.writability.name())?;
     let padded = new::bool(py, view.is_subbyte_padded());
-    if let Some(origin) = &this.origin {
-        let args = new::tuple(py, 4, [Ok(dtype), Ok(shape), Ok(writability), Ok(padded)])?;
-        let reduce = crate::python_calls::getattr(&origin.bind(py), intern!(py, "tensor_reduce"))?;
-        return Ok(crate::python_calls::call(&reduce, &args)?.cast_into::<PyTuple>()?);
+    if let Some(segment) = &this.origin {
+        return super::shared::handle(py, segment, [dtype, shape, writability, padded]);
     }
     check_cpu(this, "pickle")?;
     let source = if view.is_c_contiguous() {
@@ -198,26 +196,23 @@ pub(super) fn copy<'py>(slf: &Bound<'py, TensorObject>) -> PyResult<Bound<'py, P
     Ok(Bound::new(py, TensorObject::from(Tensor::with_writability(copied.into(), this.writability)))?.into_any())
 }
 
-/// `_rebuild_tensor(payload, dtype, shape, writability, padded, origin=None)`:
+/// `_rebuild_tensor(payload, dtype, shape, writability, padded)`:
 /// the tensor a pickle describes, over `payload`'s bytes (any C-contiguous
 /// buffer) without copying, unless the tensor may be handed to writers
 /// (writable or unknown) and the payload is read-only, when the bytes are
-/// copied once. `origin` (a shared-memory segment) is kept alive with the
-/// tensor and pickles it again.
+/// copied once.
 #[pyfunction]
-#[pyo3(signature = (payload, dtype, shape, writability, padded, origin=None))]
 pub(crate) fn _rebuild_tensor(
     payload: &Bound<'_, PyAny>,
     dtype: &Bound<'_, PyAny>,
     shape: &Bound<'_, PyAny>,
     writability: &str,
     padded: bool,
-    origin: Option<Bound<'_, PyAny>>,
 ) -> PyResult<Tensor> {
     let malformed = |why: String| PyValueError::new_err(format!("malformed dlbridge pickle: {why}"));
     let dtype = parse_dtype(dtype).map_err(|e| malformed(e.value(payload.py()).to_string()))?;
     let writability = Writability::from_name(writability).ok_or_else(|| malformed(format!("writability {writability:?}")))?;
-    let shape = parse_shape(shape).map_err(|e| malformed(e.value(payload.py()).to_string()))?;
+    let shape = parse_pickled_shape(shape).map_err(|e| malformed(e.value(payload.py()).to_string()))?;
     let numel = dlbridge::layout::element_count(&shape).map_err(|e| malformed(e.to_string()))?;
     let padded = padded && dtype.is_sub_byte();
     let needed = dtype
@@ -264,23 +259,5 @@ pub(crate) fn _rebuild_tensor(
         unsafe { export_raw(owner, data, layout, flags) }.py()?
     };
     // Writable memory, marked down to the pickled writability (unknown included).
-    let mut tensor = Tensor::with_writability(owned.into(), writability);
-    tensor.origin = origin.as_ref().map(PyOwner::new);
-    Ok(tensor)
-}
-
-/// A pickled shape: a tuple or list of at most `MAX_NDIM` ints (checked before
-/// anything is allocated for it).
-fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
-    let len = if let Ok(t) = shape.cast::<PyTuple>() {
-        t.len()
-    } else if let Ok(l) = shape.cast::<PyList>() {
-        l.len()
-    } else {
-        return Err(PyTypeError::new_err(format!("shape must be a tuple of ints, got {}", shape.get_type())));
-    };
-    if len > MAX_NDIM {
-        return Err(PyValueError::new_err(format!("{len} dimensions; at most {MAX_NDIM} are supported")));
-    }
-    shape.extract()
+    Ok(Tensor::with_writability(owned.into(), writability))
 }

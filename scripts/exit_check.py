@@ -1,0 +1,109 @@
+"""Daemon threads that use dlbridge while the interpreter exits: each pattern runs in a fresh child
+whose main thread returns while its daemon threads work, which must exit with status 0, print
+nothing on stderr and leave no shared-memory segment behind.
+
+    python scripts/exit_check.py [PATTERN ...]      # every pattern that needs no NumPy by default
+
+Used by bindings/python/tests/test_interpreter_exit.py (the dev build) and by scripts/release.sh
+(each Python version's wheel in a venv of its own, with nothing else installed)."""
+
+import os
+import re
+import subprocess
+import sys
+
+# What one daemon thread does over and over; `n` counts its iterations.
+PATTERNS = {
+    "empty-shared": "t = dlbridge.empty(16, 'float32', shared=True); del t",
+    "share-memory": "t = dlbridge.zeros(4).share_memory(); del t",
+    "exporter-del-sleeps": "t = dlbridge.asarray(Exporter()); del t",
+    "dlpack-hand-off": "queue.append(dlbridge.zeros(8).__dlpack__(max_version=(1, 3)))\n"
+                       "if queue: dlbridge.from_dlpack(queue.pop()).tolist()",
+    "pickle": "t = dlbridge.zeros(8); pickle.loads(pickle.dumps(t, protocol=5)); pickle.loads(pickle.dumps(t, protocol=2))",
+    "pickle-shared": "s = dlbridge.empty(8, shared=True); pickle.loads(pickle.dumps(s)).tolist(); del s",
+    "copy-tolist": "dlbridge.zeros(64).copy().tolist()",
+    "shared-churn": "s = dlbridge.empty(1024, 'uint8', shared=True); c = s.copy(); del s; del c",
+    "numpy-exporter": "a = numpy.asarray(Exporter()); del a",
+    "numpy-from-dlpack": "t = dlbridge.from_dlpack(numpy.ones(8)); numpy.from_dlpack(t).sum(); del t",
+}
+NEEDS_NUMPY = {"numpy-exporter", "numpy-from-dlpack"}
+
+CHILD = """
+import os, pickle, sys, threading, time, ctypes
+import dlbridge
+{numpy}
+class Exporter:
+    # An array-interface exporter whose __del__ gives the GIL up (a finalizer that sleeps).
+    def __init__(self):
+        self.buf = (ctypes.c_ubyte * 16)()
+        self.__array_interface__ = {{"data": (ctypes.addressof(self.buf), False), "shape": (16,), "typestr": "|u1",
+                                     "version": 3}}
+    def __del__(self):
+        time.sleep(0)
+queue = []
+counts = []
+def work():
+    n = 0
+    counts.append(lambda: n)
+    while True:
+        {body}
+        n += 1
+for _ in range({threads}):
+    threading.Thread(target=work, daemon=True).start()
+time.sleep(0.3)
+if os.environ.get("DLBRIDGE_EXIT_CHECK_REPORT"):
+    print("iterations", sum(c() for c in counts))
+"""
+
+
+def child_code(pattern, threads=2):
+    body = PATTERNS[pattern].replace("\n", "\n        ")
+    numpy = "import numpy" if pattern in NEEDS_NUMPY else ""
+    return CHILD.format(body=body, threads=threads, numpy=numpy)
+
+
+def segments_of(pid):
+    """The /dev/shm segments that process `pid` created (dlb<pid namespace>_<pid>_<random>)."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return []
+    mark = re.compile(rf"dlb[0-9a-f]+_{pid:x}_[0-9a-f]+")
+    return [n for n in names if mark.fullmatch(n)]
+
+
+def run_pattern(python, pattern, runs=3, threads=2):
+    """Runs `pattern` `runs` times under `python`; the failures, each said in a line."""
+    failures = []
+    for _ in range(runs):
+        proc = subprocess.Popen([python, "-c", child_code(pattern, threads)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            failures.append(f"{pattern}: hung at exit")
+            continue
+        left = segments_of(proc.pid)
+        for name in left:
+            os.unlink(os.path.join("/dev/shm", name))
+        if proc.returncode != 0 or err or left:
+            failures.append(f"{pattern}: exit status {proc.returncode}, segments left {left}, stderr {err[-500:]!r}")
+    return failures
+
+
+def main(argv):
+    if argv[:1] == ["--child"]:  # the child itself, for reports (test_interpreter_exit.py)
+        exec(child_code(argv[1], int(argv[2])), {"__name__": "__main__"})
+        return 0
+    patterns = argv or [p for p in PATTERNS if p not in NEEDS_NUMPY]
+    failures = [f for p in patterns for f in run_pattern(sys.executable, p)]
+    for line in failures:
+        print(line, file=sys.stderr)
+    print(f"exit check ({sys.version.split()[0]}): {len(patterns)} patterns, {len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
