@@ -1,6 +1,6 @@
 """Handing a 256 MiB float32 tensor to a child process and back, side by side in one run.
 
-    python benchmarks/bench_processes.py [--json FILE] [--quick] [--mib N]
+    python benchmarks/bench_processes.py [--json FILE] [--quick] [--mib N] [--no-engines]
 
 Contenders, each a round trip through one persistent child over a multiprocessing Pipe:
 - dlbridge shared memory: a tensor made with `empty(..., shared=True)`; only a handle travels;
@@ -9,6 +9,10 @@ Contenders, each a round trip through one persistent child over a multiprocessin
 - torch.multiprocessing: `conn.send(tensor)` of a shared torch tensor (torch's fd passing).
 The child reads the first and last element of what it receives and sends it back. Rounds are
 interleaved, and each contender's best round is reported, with its ratio to torch and to numpy.
+
+Then the engines (bench_engines.py, unless --no-engines): Dask scatter+gather through one worker
+process, Ray put+get and a Ray remote identity task, for a writable and a read-only dlbridge tensor,
+a NumPy array and a torch tensor; medians of interleaved rounds, with ratios.
 """
 
 import argparse
@@ -54,6 +58,7 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--no-engines", action="store_true", help="skip the Dask and Ray rows")
     args = parser.parse_args()
     rounds = 2 if args.quick else 5
 
@@ -120,9 +125,14 @@ def main():
         rows.append(row)
         print(f"{name:<26} {row['ms']:>10.2f} {row['ratio_to_torch']:>9.2f}x {row['ratio_to_numpy']:>9.4f}x")
     print("\ntargets: shared memory <= 1.0x torch, and <= 0.1x numpy pickle")
+    report = {"rows": rows, "mib": args.mib, "python": sys.version}
+    if not args.no_engines:
+        from bench_engines import engine_rows
+
+        report["engines"] = engine_rows(args.mib, 3 if args.quick else 7)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "mib": args.mib, "python": sys.version}, f, indent=2)
+            json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":
