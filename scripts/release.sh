@@ -2,7 +2,7 @@
 # Builds the release: a wheelhouse of manylinux_2_17 wheels and an sdist, checked as users will get them.
 #
 # Usage: scripts/release.sh [--quick] [--out DIR]   (./dev release)
-#   --quick    one CPython version (the dev venv's), both architectures built, the native one tested
+#   --quick    the dev venv's CPython version and 3.14t, both architectures built, the native one tested
 #              with a share of the suite (QUICK_TESTS below); what CI runs. Without it: every version
 #              in PYTHONS below, and the whole suite.
 #   --out DIR  the wheelhouse (default target/wheelhouse, emptied of dlbridge files first).
@@ -18,14 +18,18 @@
 #      test requirements (and the example extensions the tests import), runs the Python suite, outside
 #      the source tree. Tests that call the `testing` feature's hooks are skipped there, each named:
 #      the wheel is the one users get, which leaves the hooks out; ./dev py-test runs them;
+#   5b. daemon threads working while the interpreter exits (scripts/exit_check.py), with each
+#      version's wheel alone in a venv, for every version this machine has an interpreter of;
 #   6. the aarch64 wheel for CPython 3.11 runs scripts/release_smoke.py under qemu-user, with the
 #      Python of a Debian arm64 root (qemu-user-static and debootstrap are installed if missing).
 #
 # Python versions: CPython 3.10 to 3.14, every version that PyO3 0.30 supports (3.9 to 3.14, 3.15
 # unreleased) and that is still maintained: 3.9 reached its end of life in October 2025, and the
-# libraries dlbridge exists to connect have left it (NumPy 2.1+, torch 2.9+). Free-threaded builds
-# (3.13t, 3.14t) are not built: the code relies on the GIL and has not been reviewed or tested
-# without it. One wheel per version: abi3 would cost speed (README.md, "Releases").
+# libraries dlbridge exists to connect have left it (NumPy 2.1+, torch 2.9+); and the free-threaded
+# 3.14t (PEP 779 made it a supported build; PyO3 0.30 supports free threading from 3.14 only, so no
+# 3.13t). One wheel per version: abi3 would cost speed (README.md, "Releases"). No interpreter for
+# 3.14t can be had here, so its wheels are built and checked (tags, module names, auditwheel) but not
+# run; --quick builds them too, since nothing else builds the free-threaded code paths with zig.
 #
 # The tools (requirements/release.txt) live in $DLBRIDGE_CACHE/release-venv, the test venv in
 # $DLBRIDGE_CACHE/wheel-venv (rebuilt when requirements/test.txt changes), the release builds in
@@ -37,7 +41,7 @@ CACHE="${DLBRIDGE_CACHE:-$HOME/.cache/dlbridge}"
 DEV_VENV="$CACHE/venv"
 TOOLS="$CACHE/release-venv"
 TEST_VENV="$CACHE/wheel-venv"
-PYTHONS=(3.10 3.11 3.12 3.13 3.14)
+PYTHONS=(3.10 3.11 3.12 3.13 3.14 3.14t)
 QUICK_TESTS=(test_numpy.py test_torch.py test_jax.py test_tvm_ffi.py test_interfaces.py test_exchange_api.py
              test_buffer_exporters.py test_malformed.py test_soundness.py test_pickle_routes.py
              test_shared_memory.py test_stubs.py test_docstrings.py test_readme.py)
@@ -58,7 +62,7 @@ done
 
 [[ -x "$DEV_VENV/bin/python" ]] || die "no dev venv in $DEV_VENV; run ./dev venv first"
 native_py="$("$DEV_VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
-[[ $quick -eq 1 ]] && PYTHONS=("$native_py")
+[[ $quick -eq 1 ]] && PYTHONS=("$native_py" 3.14t)
 version="$(cd "$ROOT" && cargo metadata --no-deps --format-version 1 | "$DEV_VENV/bin/python" -c \
     'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "dlbridge-python"))')"
 base="$("$DEV_VENV/bin/python" -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')"
@@ -160,6 +164,27 @@ if [[ $quick -eq 1 ]]; then
 fi
 (cd "$WORK" && DLBRIDGE_WHEEL_UNDER_TEST="$wheel" "$TEST_VENV/bin/python" -m pytest -q -p no:cacheprovider \
     -rs "${tests[@]}")
+
+# 5b. Daemon threads that use dlbridge while the interpreter exits, with each version's wheel alone
+# in a venv (scripts/exit_check.py): exit status 0, nothing on stderr, no segment left. CPython 3.10 to
+# 3.13 end such threads with pthread_exit, which must not unwind Rust frames.
+python_for() {  # the CPython X.Y of this machine: on PATH, or one pyenv installed
+    local v="$1" candidate
+    for candidate in "python$v" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$v".*/bin/"python$v"; do
+        if "$candidate" -c 'import sys' >/dev/null 2>&1; then echo "$candidate"; return 0; fi
+    done
+    return 1
+}
+for v in "${PYTHONS[@]}"; do
+    [[ $v == *t ]] && continue  # built and checked above; no free-threaded interpreter here to run it
+    interp="$(python_for "$v")" || { log "exit check, CPython $v: NOT RUN, no CPython $v on this machine"; continue; }
+    tag="cp${v/./}"
+    exit_wheel="$(ls "$house"/dlbridge-"$version"-"$tag"-"$tag"-*_"$(uname -m)".whl)"
+    "$interp" -m venv "$WORK/exit-$tag"
+    "$WORK/exit-$tag/bin/python" -m pip install --quiet --no-deps --no-index "$exit_wheel"
+    log "exit check with $(basename "$exit_wheel")"
+    (cd "$WORK" && "$WORK/exit-$tag/bin/python" "$ROOT/scripts/exit_check.py")
+done
 
 # 6. The aarch64 wheel, run: under qemu-user, with the Python of a Debian arm64 root (3.11), which
 # needs the cp311 wheel (not built by --quick on a machine whose Python is another version).

@@ -4,8 +4,9 @@
 
 Fails (exit 1, one line per problem) unless:
 - there is one sdist and exactly one wheel per (CPython version, architecture): x86_64 and aarch64;
-- each wheel is tagged cpXY-cpXY-manylinux2014_ARCH.manylinux_2_17_ARCH, its WHEEL file says the same,
-  and its native module is named for that version and is an ELF file for that machine;
+- each wheel is tagged cpXY-cpXY-manylinux2014_ARCH.manylinux_2_17_ARCH (cpXY-cpXYt-... for a
+  free-threaded build, PYTHONS naming it 3.14t), its WHEEL file says the same, and its native module
+  is named for that ABI and is an ELF file for that machine;
 - the version is VERSION everywhere (file names, METADATA, PKG-INFO);
 - METADATA names the licence (License-Expression) and both licence files, which are inside, byte for
   byte the repository's LICENSE-MIT and LICENSE-APACHE (the sdist carries them too).
@@ -36,8 +37,8 @@ def check_wheel(path, version, problems):
     want_plat = f"manylinux2014_{arch}.manylinux_2_17_{arch}"
     if (name, ver) != ("dlbridge", version):
         problems.append(f"{path.name}: expected dlbridge {version}")
-    if not pytag.startswith("cp") or abitag != pytag or plat != want_plat:
-        problems.append(f"{path.name}: expected cpXY-cpXY-{want_plat}")
+    if not pytag.startswith("cp") or abitag not in (pytag, pytag + "t") or plat != want_plat:
+        problems.append(f"{path.name}: expected cpXY-cpXY-{want_plat} or cpXY-cpXYt-{want_plat}")
     with zipfile.ZipFile(path) as z:
         names = z.namelist()
         info = f"dlbridge-{ver}.dist-info"
@@ -54,12 +55,12 @@ def check_wheel(path, version, problems):
                 problems.append(f"{path.name}: {member} is missing")
             elif z.read(member) != (ROOT / lic).read_bytes():
                 problems.append(f"{path.name}: {member} differs from the repository's {lic}")
-        so = f"dlbridge/_native.cpython-{pytag[2:]}-{arch}-linux-gnu.so"
+        so = f"dlbridge/_native.cpython-{abitag[2:]}-{arch}-linux-gnu.so"
         if so not in names:
             problems.append(f"{path.name}: no {so} (found {[n for n in names if n.endswith('.so')]})")
         elif elf_machine(z.read(so)[:20]) != MACHINES.get(arch):
             problems.append(f"{path.name}: {so} is not an ELF file for {arch}")
-    return pytag, arch, tags
+    return abitag, arch, tags
 
 
 def check_metadata(where, meta, version, problems):
@@ -97,8 +98,8 @@ def main(argv):
     seen = {}
     rows = []
     for path in wheels:
-        pytag, arch, tags = check_wheel(path, version, problems)
-        seen.setdefault((pytag, arch), []).append(path.name)
+        abitag, arch, tags = check_wheel(path, version, problems)
+        seen.setdefault((abitag, arch), []).append(path.name)
         rows.append((path.name, path.stat().st_size, ", ".join(tags)))
     want = {(f"cp{v.replace('.', '')}", arch) for v in pythons for arch in MACHINES}
     for key in sorted(want - set(seen)):

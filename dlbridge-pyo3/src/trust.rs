@@ -41,7 +41,12 @@ pub(crate) fn imported_module<'py>(py: Python<'py>, name: &Bound<'py, PyString>)
 /// `ty` is a live type object.
 #[inline]
 pub(crate) unsafe fn is_static_type(ty: *mut ffi::PyTypeObject) -> bool {
-    // SAFETY: a field of a live type object.
+    // SAFETY: a field of a live type object (atomic without a GIL: CPython
+    // sets flags on a type at any time).
+    #[cfg(Py_GIL_DISABLED)]
+    let flags = unsafe { (*ty).tp_flags.load(core::sync::atomic::Ordering::Relaxed) };
+    // SAFETY: as above.
+    #[cfg(not(Py_GIL_DISABLED))]
     let flags = unsafe { (*ty).tp_flags };
     flags & ffi::Py_TPFLAGS_HEAPTYPE == 0
 }

@@ -264,6 +264,24 @@ pub(crate) unsafe fn view_of_exact(obj: &Bound<'_, PyAny>) -> PyResult<Option<(T
     if unsafe { (*(*obj.as_ptr().cast::<NumpyArrayFields>()).descr).type_num } >= NPY_USERDEF {
         let _ = ml_dtypes_table(obj.py());
     }
+    // Without a GIL, another thread may change the array's fields meanwhile:
+    // they are read in the array's critical section, as NumPy changes them.
+    #[cfg(Py_GIL_DISABLED)]
+    // SAFETY: forwarded from the caller.
+    return pyo3::sync::critical_section::with_critical_section(obj, || unsafe { read_fields(obj) });
+    #[cfg(not(Py_GIL_DISABLED))]
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        read_fields(obj)
+    }
+}
+
+/// The fields [`view_of_exact`] reads, validated into a view.
+///
+/// # Safety
+/// As for [`view_of_exact`].
+#[inline(always)]
+unsafe fn read_fields(obj: &Bound<'_, PyAny>) -> PyResult<Option<(TensorView<'static>, bool)>> {
     // SAFETY: as above; from here to the view's validation no Python runs.
     let (array, descr) = unsafe {
         let array = &*obj.as_ptr().cast::<NumpyArrayFields>();

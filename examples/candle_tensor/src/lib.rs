@@ -58,7 +58,7 @@ fn candle_double(x: PyTensor<'_>) -> PyResult<Tensor> {
     Ok(Tensor::new(OwnedTensor::from_candle(&doubled).map_err(to_py_err)?))
 }
 
-#[pymodule]
+#[pymodule(gil_used = false)]
 fn candle_tensor(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(arange, m)?)?;
     m.add_function(wrap_pyfunction!(candle_sum, m)?)?;

@@ -138,7 +138,7 @@ fn scale_(mut x: PyTensorMut<'_, f32, AnyRank, Cuda, CContiguous>, factor: f32) 
     unsafe { launch_scale(device_id, data, data, n, factor, stream) }
 }
 
-#[pymodule]
+#[pymodule(gil_used = false)]
 fn cuda_kernel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scale, m)?)?;
     m.add_function(wrap_pyfunction!(scale_, m)?)?;

@@ -47,7 +47,7 @@ fn arange(n: usize) -> PyResult<Tensor> {
     Tensor::from_array(ndarray::Array1::from_vec(values))
 }
 
-#[pymodule]
+#[pymodule(gil_used = false)]
 fn scale_inplace(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scale, m)?)?;
     m.add_function(wrap_pyfunction!(total, m)?)?;

@@ -40,7 +40,7 @@ fn scale3(mut a: VectorMut<'_>, mut b: VectorMut<'_>, mut c: VectorMut<'_>) {
     double(&mut c);
 }
 
-#[pymodule]
+#[pymodule(gil_used = false)]
 fn dlbridge_bench_ext(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sum1, m)?)?;
     m.add_function(wrap_pyfunction!(sum3, m)?)?;

@@ -34,7 +34,7 @@ fn scale3(mut a: PyReadwriteArray1<'_, f32>, mut b: PyReadwriteArray1<'_, f32>, 
     double(&mut c);
 }
 
-#[pymodule]
+#[pymodule(gil_used = false)]
 fn numpy_bench_ext(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sum1, m)?)?;
     m.add_function(wrap_pyfunction!(sum3, m)?)?;
