@@ -196,13 +196,18 @@ def test_out_of_band_bytes_keep_writers_out_while_a_transport_holds_them():
     assert _native._live_borrows() == 0
 
 
-def test_a_tensor_unpickled_in_process_over_the_same_bytes_can_be_written():
+@pytest.mark.parametrize("wrap", [
+    pytest.param(lambda b: b, id="PickleBuffer"),
+    pytest.param(lambda b: memoryview(b), id="memoryview"),
+    pytest.param(lambda b: memoryview(memoryview(b).cast("B"))[0:], id="sliced memoryview (distributed's frames)"),
+])
+def test_a_tensor_unpickled_in_process_over_the_same_bytes_can_be_written(wrap):
     # Unpickled here from its out-of-band buffers, the tensor reads and writes the same bytes
     # under borrows of its own: the payload's hold on them ends.
     a = np.ones(4, np.float32)
     buffers = []
     data = pickle.dumps(dlbridge.from_dlpack(a), protocol=5, buffer_callback=buffers.append)
-    u = pickle.loads(data, buffers=buffers)
+    u = pickle.loads(data, buffers=[wrap(b) for b in buffers])
     assert u.data_ptr == a.ctypes.data
     scale_inplace.scale(u, 3.0)
     assert a.tolist() == [3.0] * 4

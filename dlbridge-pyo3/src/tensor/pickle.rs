@@ -249,7 +249,7 @@ pub(crate) fn _rebuild_tensor(
         // payload's hold on them ends (else the tensor could never be written).
         // SAFETY: the exporter the buffer names is live while the buffer is open.
         let exporter = unsafe { pyo3::Borrowed::from_ptr_or_opt(payload.py(), buffer.obj) };
-        if let Some(bytes) = exporter.as_ref().and_then(|e| e.cast_exact::<TensorObject>().ok()) {
+        if let Some(bytes) = exporter.and_then(|e| bytes_tensor_under(&e)) {
             bytes.get().held_read.end(payload.py());
         }
         let data = buffer.buf;
@@ -260,4 +260,22 @@ pub(crate) fn _rebuild_tensor(
     };
     // Writable memory, marked down to the pickled writability (unknown included).
     Ok(Tensor::with_writability(owned.into(), writability))
+}
+
+/// The `_bytes()` tensor a payload's buffer comes from: the exporter itself,
+/// or what the memoryviews it is made of view (distributed slices frames into
+/// memoryviews), a few levels down at most.
+fn bytes_tensor_under<'py>(exporter: &Bound<'py, PyAny>) -> Option<Bound<'py, TensorObject>> {
+    let mut object = exporter.clone();
+    for _ in 0..4 {
+        if let Ok(tensor) = object.cast_exact::<TensorObject>() {
+            return Some(tensor.clone());
+        }
+        // SAFETY: a type check on a live object.
+        if unsafe { ffi::PyMemoryView_Check(object.as_ptr()) } == 0 {
+            return None;
+        }
+        object = object.getattr(intern!(object.py(), "obj")).ok()?;
+    }
+    None
 }
