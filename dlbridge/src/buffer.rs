@@ -1,5 +1,12 @@
-//! The memory this crate allocates for tensors: 64-byte aligned, huge pages
-//! for large buffers, always initialised before anyone sees it.
+//! The memory this crate allocates for tensors: 64-byte aligned, always
+//! initialised before anyone sees it, and never touched when it need not be.
+//!
+//! Large buffers are anonymous mappings, as glibc's `calloc` gives NumPy: the
+//! kernel hands out zeroed pages lazily, so allocating is O(1) in the size and
+//! a 4 GiB tensor takes resident memory only as it is written. From 4 MiB they
+//! are aligned to 2 MiB (by mapping 2 MiB more and trimming) and advised to use
+//! huge pages before the first touch, when the advice still counts. Small
+//! buffers come from the Rust allocator.
 
 use core::alloc::Layout;
 use core::ptr::NonNull;
@@ -14,44 +21,39 @@ use crate::{export, DataType, Device};
 /// 64-byte aligned, and AVX-512 loads like it too.
 pub const ALIGNMENT: usize = 64;
 
-/// A heap buffer aligned to [`ALIGNMENT`]. Its bytes are always initialised
+/// A buffer aligned to [`ALIGNMENT`]. Its bytes are always initialised
 /// before anyone can see them.
 pub struct AlignedBuffer {
     ptr: NonNull<u8>,
     len: usize,
+    /// Where the memory came from, to give it back there.
+    source: Source,
 }
 
-// SAFETY: the buffer is a uniquely owned heap allocation, like a Vec<u8>.
+#[derive(Clone, Copy)]
+enum Source {
+    /// The Rust allocator, with this layout.
+    Heap(Layout),
+    /// An anonymous mapping of this many bytes from `ptr`.
+    #[cfg(all(target_os = "linux", not(miri)))]
+    Mapped(usize),
+}
+
+// SAFETY: the buffer is uniquely owned memory, like a Vec<u8>.
 unsafe impl Send for AlignedBuffer {}
 // SAFETY: shared access only reads.
 unsafe impl Sync for AlignedBuffer {}
 
-/// Buffers from this size up (glibc mmaps them afresh each time) are aligned to
-/// 2 MiB and advised to use huge pages,
-/// as NumPy does: a fresh 64 MiB buffer otherwise costs 16k page faults.
-const HUGE_PAGE_THRESHOLD: usize = 32 << 20;
+/// Buffers from this size up are mapped afresh, zeroed lazily by the kernel
+/// (glibc's own threshold for fresh mappings starts at 128 KiB).
+const MAPPED_THRESHOLD: usize = 1 << 20;
+/// Buffers from this size up are aligned to 2 MiB and advised to use huge
+/// pages, as NumPy advises from 4 MiB: a fresh 64 MiB buffer otherwise costs
+/// 16k page faults.
+const HUGE_PAGE_THRESHOLD: usize = 4 << 20;
 const HUGE_PAGE: usize = 2 << 20;
 
 impl AlignedBuffer {
-    // Cannot fire: `alloc` refuses lengths that could overflow before calling this.
-    #[allow(clippy::expect_used)]
-    fn layout(len: usize) -> Layout {
-        let align = if len >= HUGE_PAGE_THRESHOLD { HUGE_PAGE } else { ALIGNMENT };
-        // Cannot fail for len <= isize::MAX - HUGE_PAGE, which `alloc` checks first.
-        Layout::from_size_align(len.max(1), align).expect("aligned layout")
-    }
-
-    /// Asks the kernel to back a large buffer with huge pages; only a hint.
-    fn advise_huge_pages(ptr: NonNull<u8>, len: usize) {
-        #[cfg(all(target_os = "linux", not(miri)))]
-        if len >= HUGE_PAGE_THRESHOLD {
-            // SAFETY: the range is one live allocation of ours; MADV_HUGEPAGE only
-            // changes how the kernel backs it, never its contents.
-            unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
-        }
-        let _ = (ptr, len);
-    }
-
     /// `len` bytes whose contents are undefined.
     ///
     /// # Safety
@@ -61,26 +63,78 @@ impl AlignedBuffer {
         Self::alloc(len, false)
     }
 
+    /// A zeroed buffer of `len` bytes: O(1) in the size for large buffers,
+    /// whose pages the kernel zeroes when they are first touched.
+    pub fn zeroed(len: usize) -> Result<Self, Error> {
+        Self::alloc(len, true)
+    }
+
     fn alloc(len: usize, zeroed: bool) -> Result<Self, Error> {
         if len > isize::MAX as usize - HUGE_PAGE {
             return Err(Error::AllocationFailed { bytes: len });
         }
-        let layout = Self::layout(len);
+        #[cfg(all(target_os = "linux", not(miri)))]
+        if len >= MAPPED_THRESHOLD {
+            return Self::map(len);
+        }
+        let layout = Layout::from_size_align(len.max(1), ALIGNMENT).map_err(|_| Error::AllocationFailed { bytes: len })?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { if zeroed { std::alloc::alloc_zeroed(layout) } else { std::alloc::alloc(layout) } };
         let ptr = NonNull::new(raw).ok_or(Error::AllocationFailed { bytes: len })?;
-        Self::advise_huge_pages(ptr, len);
-        Ok(AlignedBuffer { ptr, len })
+        Ok(AlignedBuffer { ptr, len, source: Source::Heap(layout) })
+    }
+
+    /// A fresh anonymous mapping of `len` bytes, zero until written; from
+    /// [`HUGE_PAGE_THRESHOLD`] up, 2 MiB aligned and advised to use huge pages.
+    #[cfg(all(target_os = "linux", not(miri)))]
+    fn map(len: usize) -> Result<Self, Error> {
+        let align = if len >= HUGE_PAGE_THRESHOLD { HUGE_PAGE } else { 1 };
+        let kept = len.next_multiple_of(page_size());
+        // Room to slide the start up to the next 2 MiB boundary.
+        let mapped = kept + if align > 1 { align } else { 0 };
+        // SAFETY: a new private anonymous mapping; the kernel picks the address.
+        let raw = unsafe {
+            libc::mmap(core::ptr::null_mut(), mapped, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(Error::AllocationFailed { bytes: len });
+        }
+        let start = raw as usize;
+        let aligned = start.next_multiple_of(align);
+        let head = aligned - start;
+        let tail = mapped - head - kept;
+        // SAFETY: page-aligned parts of our own new mapping that nothing uses:
+        // before the aligned start, and after the pages kept.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + kept) as *mut libc::c_void, tail);
+            }
+        }
+        // SAFETY: inside our mapping, which starts at a non-NULL address.
+        let ptr = unsafe { NonNull::new_unchecked(aligned as *mut u8) };
+        if align == HUGE_PAGE {
+            // SAFETY: the range is our own mapping; MADV_HUGEPAGE only changes how
+            // the kernel backs it, never its contents. Only a hint.
+            unsafe { libc::madvise(ptr.as_ptr().cast(), kept, libc::MADV_HUGEPAGE) };
+        }
+        Ok(AlignedBuffer { ptr, len, source: Source::Mapped(kept) })
+    }
+
+    /// A buffer holding a copy of `bytes`, written once (never zeroed first).
+    pub fn copy_of(bytes: &[u8]) -> Result<Self, Error> {
+        // SAFETY: every byte is written just below, before anyone sees the buffer.
+        let buffer = unsafe { Self::uninit(bytes.len()) }?;
+        // SAFETY: a fresh buffer of `bytes.len()` bytes, apart from `bytes`.
+        unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer.base(), bytes.len()) };
+        Ok(buffer)
     }
 
     /// The first byte, for writing.
     pub(crate) fn base(&self) -> *mut u8 {
         self.ptr.as_ptr()
-    }
-
-    /// A zeroed buffer of `len` bytes.
-    pub fn zeroed(len: usize) -> Result<Self, Error> {
-        Self::alloc(len, true)
     }
 
     /// The bytes.
@@ -127,9 +181,23 @@ impl AlignedBuffer {
 
 impl Drop for AlignedBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated by `alloc` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+        match self.source {
+            // SAFETY: allocated by `alloc` with this layout.
+            Source::Heap(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) },
+            // SAFETY: our own mapping of this many bytes, unmapped once.
+            #[cfg(all(target_os = "linux", not(miri)))]
+            Source::Mapped(bytes) => unsafe {
+                libc::munmap(self.ptr.as_ptr().cast(), bytes);
+            },
+        }
     }
+}
+
+/// The kernel's page size.
+#[cfg(all(target_os = "linux", not(miri)))]
+fn page_size() -> usize {
+    // SAFETY: sysconf may be called at any time.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1)
 }
 
 /// A zero-filled, writable, row-major CPU tensor of `dtype` and `shape`, in
@@ -164,6 +232,31 @@ pub(crate) fn packed_bytes(dtype: DataType, shape: &[i64]) -> Result<usize, Erro
 mod tests {
     use super::*;
     use crate::OwnedTensor;
+
+    /// This process's resident memory, in bytes (Linux).
+    #[cfg(all(target_os = "linux", not(miri)))]
+    fn resident() -> usize {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        statm.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * page_size()
+    }
+
+    #[test]
+    #[cfg(all(target_os = "linux", not(miri)))]
+    fn large_buffers_take_memory_only_as_they_are_written() {
+        let before = resident();
+        let mut big = AlignedBuffer::zeroed(4 << 30).unwrap();
+        let grown = resident().saturating_sub(before);
+        assert!(grown < 64 << 20, "4 GiB of zeros took {grown} resident bytes at once");
+        assert_eq!(big.ptr.as_ptr() as usize % HUGE_PAGE, 0);
+        let bytes = big.as_mut_slice();
+        bytes[0] = 1;
+        bytes[(4 << 30) - 1] = 2;
+        assert_eq!((bytes[0], bytes[1 << 30], bytes[(4 << 30) - 1]), (1, 0, 2));
+        let small = AlignedBuffer::copy_of(&[7; 100]).unwrap();
+        assert_eq!((small.as_slice(), small.ptr.as_ptr() as usize % ALIGNMENT), (&[7; 100][..], 0));
+        let mid = AlignedBuffer::copy_of(&vec![3; 3 << 20]).unwrap();
+        assert!(mid.as_slice().iter().all(|&b| b == 3) && mid.ptr.as_ptr() as usize % ALIGNMENT == 0);
+    }
 
     #[test]
     fn zeros_are_zero_and_aligned() {

@@ -229,12 +229,14 @@ pub(crate) fn _rebuild_tensor(
     // A writable or unknown tensor may reach writers (a legacy export of an
     // unknown one): never over memory that is read-only.
     let owned: OwnedTensor = if writability != Writability::ReadOnly && buffer.readonly != 0 {
-        let mut copy = AlignedBuffer::zeroed(needed).py()?;
-        if needed > 0 {
-            // SAFETY: the buffer view holds `needed` readable bytes (checked above), so its
-            // pointer is not NULL.
-            copy.as_mut_slice().copy_from_slice(unsafe { core::slice::from_raw_parts(buffer.buf.cast::<u8>(), needed) });
-        }
+        let bytes = if needed == 0 {
+            &[][..]
+        } else {
+            // SAFETY: the buffer view holds `needed` readable bytes (checked above), so
+            // its pointer is not NULL.
+            unsafe { core::slice::from_raw_parts(buffer.buf.cast::<u8>(), needed) }
+        };
+        let mut copy = AlignedBuffer::copy_of(bytes).py()?;
         drop(owner);
         let data = copy.as_mut_slice().as_mut_ptr().cast::<c_void>();
         // SAFETY: the aligned buffer holds `needed` bytes, the row-major layout's
