@@ -1,5 +1,5 @@
 """Tensors an extension returns are instances of the dlbridge package's one Tensor class when the
-package is installed (handed over through its _TENSOR_API capsule), with their memory,
+package is installed (handed over through its table in the interpreter's state dict), with their memory,
 writability and values; without the package they are the extension's own class, which works
 everywhere DLPack does, and what needs the package says so."""
 
