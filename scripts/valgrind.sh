@@ -18,7 +18,7 @@ cd "$ROOT"
 TESTS=("$@")
 CHANGES=bindings/python/tests/test_producer_changes.py
 [[ ${#TESTS[@]} -gt 0 ]] || TESTS=(bindings/python/tests/test_numpy.py bindings/python/tests/test_interfaces.py
-    bindings/python/tests/test_hypothesis.py
+    bindings/python/tests/test_hypothesis.py bindings/python/tests/test_ml_dtypes_rebound.py
     "$CHANGES::test_a_producer_that_rewrites_its_metadata_after_export_changes_nothing"
     "$CHANGES::test_an_argument_whose_producer_changes_while_it_is_held_keeps_its_layout"
     -p no:cacheprovider -q)
