@@ -15,9 +15,12 @@
 //!
 //! How: a glibc cleanup handler (`_pthread_cleanup_push`, looked up at run
 //! time, so that no symbol version of a newer glibc is linked) registered in
-//! the guarding frame runs first when the unwind reaches that frame, and never
-//! returns. Elsewhere (musl and macOS end threads without unwinding; Miri) the
-//! call is made as it is.
+//! the guarding frame runs, and never returns, when the unwind is about to
+//! leave that frame's caller: glibc judges a handler by the stack pointer of
+//! the frame being unwound. So neither the guarding frame nor the frames of the
+//! call may have anything to run on unwinding (no destructors; no
+//! `catch_unwind`): the unwinder would run it first. Elsewhere (musl and macOS
+//! end threads without unwinding; Miri) the call is made as it is.
 
 use core::ffi::c_void;
 
@@ -26,10 +29,10 @@ use core::ffi::c_void;
 /// the call.
 ///
 /// # Safety
-/// `call` must be sound to call and a plain frame: the frames inside the guard
-/// are unwound first, so it makes foreign calls only (Python's, a deleter),
-/// with no value that has a destructor alive across them. (Its captures are
-/// `Copy`, so they have none.)
+/// `call` must be sound to call, must not panic, and must be a plain frame:
+/// the frames inside the guard are unwound first, so it makes foreign calls
+/// only (Python's, a deleter), with no value that has a destructor alive
+/// across them. (Its captures are `Copy`, so they have none.)
 #[inline]
 pub unsafe fn parking_on_exit<R: Copy, F: FnOnce() -> R + Copy>(call: F) -> R {
     /// The closure and, once it ran, its result.
@@ -119,29 +122,21 @@ mod glibc {
         }
     }
 
-    /// Unlinks the handler when the frame ends normally, or by a panic out of
-    /// `call`, so that glibc's list never names a dead frame.
-    struct Linked(Handlers, *mut CleanupBuffer);
-
-    impl Drop for Linked {
-        fn drop(&mut self) {
-            // SAFETY: the buffer pushed in `guarded`, still the innermost; 0: do not run it.
-            unsafe { (self.0.pop)(self.1, 0) }
-        }
-    }
-
     /// The buffer lives in this frame, so glibc runs `park_forever` when a
-    /// forced unwind is about to leave it: after the frames of `call`, before
-    /// anything of this frame (the pop included) or of its callers.
+    /// forced unwind reaches this frame's caller, after the frames of `call`
+    /// and this one (which hold nothing to run on unwinding: no drop guard,
+    /// so the pop is explicit, and `call` must not panic).
     #[inline(never)]
     pub(super) unsafe fn guarded(handlers: Handlers, call: unsafe extern "C-unwind" fn(*mut c_void), arg: *mut c_void) {
         let mut buffer = MaybeUninit::<CleanupBuffer>::uninit();
         // SAFETY: glibc fills the buffer and links it into this thread's list;
-        // `linked` unlinks it before the frame ends.
-        unsafe { (handlers.push)(buffer.as_mut_ptr(), park_forever, core::ptr::null_mut()) };
-        let linked = Linked(handlers, buffer.as_mut_ptr());
-        // SAFETY: forwarded from the caller.
-        unsafe { call(arg) };
-        drop(linked);
+        // it is unlinked below, before the frame ends (`call` does not unwind
+        // but by ending the thread, when the handler parks it here).
+        unsafe {
+            (handlers.push)(buffer.as_mut_ptr(), park_forever, core::ptr::null_mut());
+            call(arg);
+            // 0: unlink it without running it.
+            (handlers.pop)(buffer.as_mut_ptr(), 0);
+        }
     }
 }
