@@ -11,20 +11,29 @@
 /// Writes the first `size` bytes of `value` (all of it, if `size` is larger) to `out`.
 ///
 /// # Safety
-/// `out` is writable for `size` bytes; `T` is plain data (no padding read
-/// matters to the caller beyond the fields it knows).
+/// `out` is aligned for `T` and writable for `size` bytes; `T` is plain data
+/// (no padding read matters to the caller beyond the fields it knows).
+#[inline(always)] // the whole struct, the common case, is one store
 pub(crate) unsafe fn write_prefix<T: Copy>(value: &T, out: *mut T, size: usize) {
-    let size = size.min(core::mem::size_of::<T>());
-    // SAFETY: forwarded from the caller; no more than `T`'s bytes are read.
+    if size >= core::mem::size_of::<T>() {
+        // SAFETY: forwarded from the caller; the caller's struct holds all of `T`.
+        return unsafe { out.write(*value) };
+    }
+    // SAFETY: forwarded from the caller; fewer than `T`'s bytes are written.
     unsafe { core::ptr::copy_nonoverlapping(core::ptr::from_ref(value).cast::<u8>(), out.cast::<u8>(), size) }
 }
 
 /// Reads a `T` of which the caller has the first `size` bytes; the rest are zero.
 ///
 /// # Safety
-/// `from` is readable for `size` bytes; zero bytes are a valid `T` (plain
-/// data: integers and raw pointers).
+/// `from` is aligned for `T` and readable for `size` bytes; zero bytes are a
+/// valid `T` (plain data: integers and raw pointers).
+#[inline(always)]
 pub(crate) unsafe fn read_prefix<T: Copy>(from: *const T, size: usize) -> T {
+    if size >= core::mem::size_of::<T>() {
+        // SAFETY: forwarded from the caller; the caller's struct holds all of `T`.
+        return unsafe { from.read() };
+    }
     let mut value = core::mem::MaybeUninit::<T>::zeroed();
     let size = size.min(core::mem::size_of::<T>());
     // SAFETY: forwarded from the caller; no more than `T`'s bytes are written.

@@ -23,8 +23,12 @@ pub(crate) fn with_gil_unless_finalized(release: impl FnOnce()) {
         if ffi::Py_IsInitialized() == 0 {
             return;
         }
-        // No PyGILState_Check shortcut: once a sub-interpreter exists, CPython
-        // turns that check off and it answers 1 on every thread.
+        // Already attached (a tensor freed by Python code): nothing to take.
+        // (Not PyGILState_Check: once a sub-interpreter exists, CPython turns
+        // that check off and it answers 1 on every thread.)
+        if crate::gil::holds_gil() {
+            return release();
+        }
         let gil = parking_on_exit(|| ffi::PyGILState_Ensure());
         release();
         ffi::PyGILState_Release(gil);
@@ -209,12 +213,13 @@ impl<T> core::ops::Deref for ExceptionSafe<T> {
 
 impl<T> Drop for ExceptionSafe<T> {
     fn drop(&mut self) {
-        // SAFETY: the value is taken out exactly once, here, and `self.0` is
-        // never used again.
-        let mut value = Some(unsafe { core::mem::ManuallyDrop::take(&mut self.0) });
+        // Dropped in place (a tensor's owner is large: no move), once.
+        let value = &mut self.0;
+        let mut dropped = false;
         with_gil_unless_finalized(|| {
             // SAFETY: with the GIL (taken by the caller of this closure); the
-            // in-flight exception is saved and restored around the drop.
+            // in-flight exception is saved and restored around the drop; the
+            // value is dropped here, once, and never used again.
             // (PyErr_Fetch and Restore still work on 3.12+, where they are deprecated.)
             #[allow(deprecated)]
             unsafe {
@@ -223,14 +228,18 @@ impl<T> Drop for ExceptionSafe<T> {
                 if saving {
                     ffi::PyErr_Fetch(&mut kind, &mut exc, &mut traceback);
                 }
-                drop(value.take());
+                core::mem::ManuallyDrop::drop(value);
+                dropped = true;
                 if saving {
                     ffi::PyErr_Restore(kind, exc, traceback);
                 }
             }
         });
-        // A finalised interpreter: no exception to keep; the value's own drop
-        // knows not to touch Python.
-        drop(value);
+        if !dropped {
+            // A finalised interpreter: no exception to keep; the value's own drop
+            // knows not to touch Python.
+            // SAFETY: not dropped above; never used again.
+            unsafe { core::mem::ManuallyDrop::drop(&mut self.0) }
+        }
     }
 }

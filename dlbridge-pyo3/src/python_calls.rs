@@ -15,6 +15,26 @@ use pyo3::ffi;
 
 use dlbridge::thread_exit::parking_on_exit;
 
+/// Tells `dlbridge::thread_exit` which thread CPython never ends (the main
+/// thread, which finalizes the interpreter), so that calls there skip the
+/// guard; once per extension (each links its own copy of the core).
+pub(crate) fn note_main_thread(py: Python<'_>) {
+    static NOTED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    NOTED.get_or_init(|| {
+        // 3.12+: the C-level answer; before, threading's main thread, which is
+        // right unless threading was first imported in another thread.
+        let ident = py
+            .import("_thread")
+            .and_then(|t| t.call_method0("_get_main_thread_ident"))
+            .or_else(|_| py.import("threading").and_then(|t| t.call_method0("main_thread")?.getattr("ident")))
+            .and_then(|ident| ident.extract::<u64>());
+        match ident {
+            Ok(ident) => dlbridge::thread_exit::set_unended_thread(ident),
+            Err(err) => drop(err), // every call stays guarded
+        }
+    });
+}
+
 /// `callable(*args)`.
 pub(crate) fn call<'py>(callable: &Bound<'py, PyAny>, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyAny>> {
     let (callable_ptr, args_ptr) = (callable.as_ptr(), args.as_ptr());

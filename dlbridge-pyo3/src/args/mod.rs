@@ -318,6 +318,7 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
 /// registry and the package's table), before any argument's pointers are taken.
 fn prepare(py: Python<'_>) {
     crate::borrows::prepare();
+    crate::python_calls::note_main_thread(py);
     crate::tensor::prepare_package_api(py);
     crate::gil::release_in_driver_calls();
 }

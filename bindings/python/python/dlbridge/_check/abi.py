@@ -5,6 +5,7 @@ Nothing here imports dlbridge's native module: the checker must be able to judge
 
 import ctypes
 import sysconfig
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -293,6 +294,8 @@ class Managed:
             self.managed.version, self.managed.flags = DLPackVersion(*version), flags
         self._python_deleter = DELETER(self._count)
         self._calls = 0
+        # A consumer may free on any thread: counted under a lock (without a GIL, `+=` loses updates).
+        self._calls_lock = threading.Lock()
         self._baseline = None
         self.capsules = []
 
@@ -305,7 +308,8 @@ class Managed:
         self.tensor.strides = self._strides
 
     def _count(self, _address):
-        self._calls += 1
+        with self._calls_lock:
+            self._calls += 1
 
     def _word(self):
         return ctypes.c_int64.from_address(self.address).value
