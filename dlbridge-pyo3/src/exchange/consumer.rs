@@ -93,11 +93,13 @@ const CACHE_CAPACITY: usize = 32;
 pub(crate) fn lookup(obj: &Bound<'_, PyAny>) -> Option<Table> {
     // SAFETY: reading the type pointer of a live object; no reference is taken.
     let ty = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
-    // SAFETY: a live type object's version tag (0 when not assigned). Without
-    // a GIL, CPython changes it with an atomic store: read it atomically.
+    // A live type object's version tag (0 when not assigned). Without a GIL,
+    // CPython changes it with an atomic store: read it atomically.
     #[cfg(Py_GIL_DISABLED)]
+    // SAFETY: as above.
     let tag = || unsafe { core::sync::atomic::AtomicU32::from_ptr(core::ptr::addr_of_mut!((*ty).tp_version_tag)).load(core::sync::atomic::Ordering::Relaxed) };
     #[cfg(not(Py_GIL_DISABLED))]
+    // SAFETY: as above.
     let tag = || unsafe { (*ty).tp_version_tag };
     let key = ty as usize;
     let cached = CACHE.with_borrow(|cache| cache.iter().find(|(k, _, _)| *k == key).map(|(_, t, table)| (*t, *table)));
