@@ -102,7 +102,7 @@ use pyo3::prelude::*;
 /// Adds the classes and functions of the `dlbridge` Python package to `module`.
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     // The process's borrow registry, published by the first extension that loads.
-    borrows::prepare();
+    let _ = borrows::prepare(); // refused borrows say why when they happen
     python_calls::note_main_thread(module.py());
     gil::release_in_driver_calls();
     module.add_class::<TensorObject>()?;

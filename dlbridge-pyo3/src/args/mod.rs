@@ -20,6 +20,7 @@ mod kinds;
 mod typed;
 
 use core::marker::PhantomData;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use dlbridge::streams::Stream;
 use dlbridge::{DeviceType, TensorView, TensorViewMut};
@@ -316,11 +317,23 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
 
 /// Runs now whatever Python code extraction could need (finding the borrow
 /// registry and the package's table), before any argument's pointers are taken.
+#[inline(always)]
 fn prepare(py: Python<'_>) {
-    crate::borrows::prepare();
+    // Once all of it is done, one load per argument.
+    static PREPARED: AtomicBool = AtomicBool::new(false);
+    if !PREPARED.load(Ordering::Relaxed) {
+        prepare_once(py, &PREPARED);
+    }
+}
+
+#[cold]
+fn prepare_once(py: Python<'_>, prepared: &AtomicBool) {
+    let registry = crate::borrows::prepare();
     crate::python_calls::note_main_thread(py);
     crate::tensor::prepare_package_api(py);
     crate::gil::release_in_driver_calls();
+    // A registry not found yet (refused) is asked again by the next argument.
+    prepared.store(registry, Ordering::Relaxed);
 }
 
 /// Why memory with this writability, provenance and layout may not be

@@ -28,9 +28,10 @@ use pyo3::prelude::*;
 use registry::{api, Conflict};
 
 /// Finds or publishes the interpreter's registry now, so that extracting an
-/// argument runs no Python code once a producer has handed over pointers.
-pub(crate) fn prepare() {
-    let _ = api();
+/// argument runs no Python code once a producer has handed over pointers;
+/// whether it is there to use.
+pub(crate) fn prepare() -> bool {
+    api().is_ok()
 }
 
 /// A live borrow in the registry; released when dropped. It holds a

@@ -15,7 +15,9 @@
 //! read and write it without an export.
 //!
 //! Each struct passed through the table comes with its size: fields are only
-//! appended, a callee reads or writes no more than the caller has, and a
+//! appended (`Described` and `Handover` only together with a field of the
+//! table, so that a table at least as large as the caller's fills all the
+//! caller knows), a callee reads or writes no more than the caller has, and a
 //! change to an existing field is a new major (pinned by the tests below).
 
 use core::ffi::{c_int, CStr};
@@ -257,8 +259,9 @@ pub(crate) fn describe_package_tensor(obj: &Bound<'_, PyAny>, requested: Option<
     if unsafe { ffi::Py_TYPE(obj.as_ptr()) } != tensor_type.as_ptr().cast() {
         return Ok(None);
     }
-    // Zero: what an older package leaves unwritten reads as "no" and "none".
-    let mut d = core::mem::MaybeUninit::<Described>::zeroed();
+    // Filled whole: a package of this major has a table at least as large as
+    // ours (`package` checks), and `Described` grows only with the table.
+    let mut d = core::mem::MaybeUninit::<Described>::uninit();
     // SAFETY: the package's function, with a live object, a writable out
     // struct of the size passed, from an attached thread.
     let code = unsafe { (api.describe)(obj.as_ptr(), u8::from(requested.is_some()), requested.unwrap_or(0), d.as_mut_ptr(), core::mem::size_of::<Described>()) };
@@ -267,7 +270,7 @@ pub(crate) fn describe_package_tensor(obj: &Bound<'_, PyAny>, requested: Option<
         1 => return Ok(None),
         _ => return Err(PyErr::fetch(py)),
     }
-    // SAFETY: zeroed, then filled on success: plain data either way.
+    // SAFETY: filled whole on success (above).
     let d = unsafe { d.assume_init() };
     let ready = (d.has_ready != 0).then_some(d.ready);
     Ok(Some(PackageTensor { tensor: d.tensor, writability: writability_of(d.writability), padded: d.padded != 0, ready }))
@@ -297,15 +300,20 @@ unsafe extern "C" fn describe(obj: *mut ffi::PyObject, has_requested: u8, reques
         let Ok(tensor) = obj.cast_exact::<TensorObject>() else { return Ok(1) };
         let tensor = tensor.get();
         let ready = tensor.lend_stream((has_requested != 0).then_some(requested))?;
-        let described = Described {
+        let described = || Described {
             tensor: tensor.borrowed_dltensor(),
             writability: writability_code(tensor.writability()),
             padded: u8::from(tensor.view().is_subbyte_padded()),
             has_ready: u8::from(ready.is_some()),
             ready: ready.unwrap_or(0),
         };
-        // SAFETY: the caller's writable out struct of `out_size` bytes.
-        unsafe { write_prefix(&described, out, out_size) };
+        if out_size >= core::mem::size_of::<Described>() {
+            // SAFETY: the caller's writable out struct, as large as ours (written in place).
+            unsafe { out.write(described()) };
+        } else {
+            // SAFETY: the caller's writable out struct of `out_size` bytes.
+            unsafe { write_prefix(&described(), out, out_size) };
+        }
         Ok(0)
     })
 }
