@@ -99,10 +99,17 @@ pub fn is_capsule(obj: &Bound<'_, PyAny>) -> bool {
 }
 
 fn consume_as<M: ManagedAbi>(capsule: &Bound<'_, PyAny>) -> PyResult<Owned<M>> {
-    // SAFETY: the capsule is valid under this name (checked by the caller), so its
-    // pointer is an owned managed tensor that nobody has consumed yet. It is
-    // validated without taking ownership; only then is the capsule renamed, so a
-    // failed import leaves the producer's destructor in charge.
+    // Without a GIL, two threads may consume one capsule at once: its name is
+    // read and changed in the capsule's critical section, so one of them gets
+    // the tensor and the other an error (a no-op with a GIL, which does this).
+    pyo3::sync::critical_section::with_critical_section(capsule, || consume_now(capsule))
+}
+
+fn consume_now<M: ManagedAbi>(capsule: &Bound<'_, PyAny>) -> PyResult<Owned<M>> {
+    // SAFETY: GetPointer checks the name again (a capsule consumed meanwhile
+    // fails it), so its pointer is an owned managed tensor that nobody has
+    // consumed yet. It is validated without taking ownership; only then is the
+    // capsule renamed, so a failed import leaves the producer's destructor in charge.
     unsafe {
         let ptr = ffi::PyCapsule_GetPointer(capsule.as_ptr(), M::CAPSULE_NAME.as_ptr()).cast::<M>();
         if ptr.is_null() {
