@@ -19,8 +19,14 @@ use dlbridge::thread_exit::parking_on_exit;
 /// thread, which finalizes the interpreter), so that calls there skip the
 /// guard; once per extension (each links its own copy of the core).
 pub(crate) fn note_main_thread(py: Python<'_>) {
-    static NOTED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    NOTED.get_or_init(|| {
+    // Not a OnceLock: its initialiser runs Python code (imports), and a thread
+    // waiting on the lock with the GIL would deadlock it. Two threads may both
+    // ask; they get the same answer.
+    static NOTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if NOTED.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    {
         // 3.12+: the C-level answer; before, threading's main thread, which is
         // right unless threading was first imported in another thread.
         let ident = py
@@ -32,7 +38,8 @@ pub(crate) fn note_main_thread(py: Python<'_>) {
             Ok(ident) => dlbridge::thread_exit::set_unended_thread(ident),
             Err(err) => drop(err), // every call stays guarded
         }
-    });
+    }
+    NOTED.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// `callable(*args)`.
