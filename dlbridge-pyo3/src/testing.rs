@@ -49,6 +49,23 @@ fn _skip_shared_free_space_check(skip: bool) {
     crate::tensor::SKIP_FREE_SPACE_CHECK.store(skip, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Trusts the exchange table in `capsule` (a `"dlpack_exchange_api"` capsule a
+/// test made with ctypes) as if a static type published it, so that tests can
+/// drive the table path with classes of their own.
+#[pyfunction]
+fn _trust_table_for_tests(capsule: &Bound<'_, PyAny>) -> PyResult<()> {
+    let name = crate::exchange::EXCHANGE_API_CAPSULE_NAME;
+    // SAFETY: a name check, then the pointer of a capsule of that name.
+    let address = unsafe {
+        if pyo3::ffi::PyCapsule_IsValid(capsule.as_ptr(), name.as_ptr()) != 1 {
+            return Err(pyo3::exceptions::PyTypeError::new_err("not a dlpack_exchange_api capsule"));
+        }
+        pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), name.as_ptr())
+    };
+    crate::trust::trust_table_for_tests(address as usize);
+    Ok(())
+}
+
 /// How many argument borrows are live: 0 between extension calls.
 #[pyfunction]
 fn _live_borrows(py: Python<'_>) -> usize {
@@ -166,6 +183,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(_while_borrowed, module)?)?;
     module.add_function(wrap_pyfunction!(_argument_ready_stream, module)?)?;
     module.add_function(wrap_pyfunction!(_contract_breaking_table, module)?)?;
+    module.add_function(wrap_pyfunction!(_trust_table_for_tests, module)?)?;
     #[cfg(unix)]
     module.add_function(wrap_pyfunction!(_skip_shared_free_space_check, module)?)?;
     Ok(())

@@ -14,7 +14,9 @@ WHEEL = os.environ.get("DLBRIDGE_WHEEL_UNDER_TEST")
 # The `testing` feature's hooks (dlbridge-pyo3/src/testing.rs): every private name of _native but the
 # package's own (pickling and shared-memory constructors, the exit sweep, numpy()'s type lookup).
 # Release wheels leave them out.
-HOOK_USE = re.compile(r"_native\._(?!_|rebuild_tensor\b|shared_tensor\b|shared_exit_sweep\b|ml_dtypes_type\b)\w+")
+# table_producer (producers.py) has a hook trust its table, as only a static type's is otherwise.
+HOOK_USE = re.compile(r"_native\._(?!_|rebuild_tensor\b|shared_tensor\b|shared_exit_sweep\b|ml_dtypes_type\b)\w+"
+                      r"|\btable_producer\(")
 
 
 def pytest_report_header(config):

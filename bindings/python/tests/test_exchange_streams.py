@@ -157,6 +157,7 @@ def test_a_table_that_succeeds_with_an_exception_set_falls_back_and_frees_its_ex
     import numpy as np
 
     capsule, deleted = _native._contract_breaking_table()
+    _native._trust_table_for_tests(capsule)
     source = np.arange(3.0)
 
     class Broken:
