@@ -16,7 +16,7 @@
 //! | `ml_dtypes`' scalar types | naming dtypes NumPy lacks, sizing `numpy()`'s views | `numpy.generic` subclasses whose registered NumPy dtype has the item size of the DLPack dtype they name, read once before any field of an array | `test_ml_dtypes.py::test_an_impostor_ml_dtypes_module_*`, `test_ml_dtypes.py::test_a_rebound_ml_dtypes_*` |
 //! | the package's `Tensor` table | adopting and describing package tensors | a capsule in the interpreter's state dict, of this ABI major and size | `test_trust.py::test_the_package_table_*` |
 //! | the borrow registry | sharing borrows between extensions | a capsule in the interpreter's state dict, of this ABI major and size | `test_borrow_registry.py::test_one_registry_*`, `test_borrow_registry.py::test_a_registry_of_another_major_*` |
-| a table a test asked to trust | driving the table path with a test's own classes | `_trust_table_for_tests`, compiled with the `testing` feature only (never in a wheel: `release_smoke.py` checks the installed package lacks it) | — |
+//! | a table a test asked to trust | driving the table path with a test's own classes | `_trust_table_for_tests`, compiled with the `testing` feature only (never in a wheel: `release_smoke.py` checks the installed package lacks it) | — |
 
 use core::ffi::CStr;
 
