@@ -174,7 +174,76 @@ fn _contract_breaking_table(py: Python<'_>) -> PyResult<(Py<PyAny>, usize)> {
 }
 
 /// Adds the test hooks to `module`.
+/// How many pinned staging buffers dlbridge's host-to-device copies keep,
+/// and how many events it keeps for them: memory and events the fake driver's
+/// leak checks must allow for.
+#[pyfunction]
+fn _cuda_staging() -> (usize, usize) {
+    dlbridge::cuda::staging_state()
+}
+
+/// Imports `x` (a CUDA tensor) and copies it to the host on a new Rust thread
+/// that has never held the GIL, while this thread waits with the GIL released:
+/// the blocking hook must run the driver's calls there without detaching.
+#[pyfunction]
+fn _cuda_to_host_on_rust_thread(py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<Vec<f32>> {
+    let owned = from_dlpack(x, ImportOptions::default())?;
+    crate::gil::release_in_driver_calls();
+    let copied = py
+        .detach(|| {
+            std::thread::spawn(move || {
+                // SAFETY: no stream: the data is taken as ready (a raw import).
+                let host: dlbridge::OwnedTensor = unsafe { dlbridge::cuda::to_host(owned.view(), None, false) }.map_err(|e| e.to_string())?;
+                Ok::<Vec<f32>, String>(host.view().as_slice::<f32>().map(<[f32]>::to_vec).unwrap_or_default())
+            })
+            .join()
+        })
+        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("the copying thread panicked"))?;
+    copied.map_err(pyo3::exceptions::PyBufferError::new_err)
+}
+
+/// Loads `ptx` on device `device_id`, takes its kernel `name` and launches it
+/// on one thread on `stream` with `args`, each `(C type, value)` for u32, u64,
+/// f32 or f64: lets tests see the driver's PTX errors and the argument checks.
+///
+/// Only for kernels that touch no memory with these arguments.
+#[pyfunction]
+fn _cuda_launch(device_id: i32, ptx: &str, name: &str, args: Vec<(String, f64)>, stream: i64) -> PyResult<()> {
+    use dlbridge::cuda::{KernelArg, LaunchConfig, Module};
+    let err = |e: dlbridge::Error| crate::to_py_err(e);
+    let ptx = std::ffi::CString::new(ptx).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    let name = std::ffi::CString::new(name).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    let function = Module::from_ptx(device_id, &ptx).and_then(|m| m.function(&name)).map_err(err)?;
+    let (mut u32s, mut u64s, mut f32s, mut f64s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (kind, value) in &args {
+        match kind.as_str() {
+            "u32" => u32s.push(*value as u32),
+            "u64" => u64s.push(*value as u64),
+            "f32" => f32s.push(*value as f32),
+            "f64" => f64s.push(*value),
+            other => return Err(pyo3::exceptions::PyValueError::new_err(format!("no C type {other}"))),
+        }
+    }
+    let (mut a, mut b, mut c, mut d) = (u32s.iter(), u64s.iter(), f32s.iter(), f64s.iter());
+    let kernel_args: Vec<KernelArg<'_>> = args
+        .iter()
+        .filter_map(|(kind, _)| match kind.as_str() {
+            "u32" => a.next().map(KernelArg::new),
+            "u64" => b.next().map(KernelArg::new),
+            "f32" => c.next().map(KernelArg::new),
+            _ => d.next().map(KernelArg::new),
+        })
+        .collect();
+    let config = LaunchConfig { grid: [1, 1, 1], block: [1, 1, 1], shared_mem_bytes: 0 };
+    // SAFETY: a stream value from the test, and kernels that touch no memory
+    // with the arguments the test passes (this function's contract).
+    unsafe { function.launch(config, dlbridge::streams::Stream::from_raw(stream), &kernel_args) }.map_err(err)
+}
+
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(_cuda_launch, module)?)?;
+    module.add_function(wrap_pyfunction!(_cuda_staging, module)?)?;
+    module.add_function(wrap_pyfunction!(_cuda_to_host_on_rust_thread, module)?)?;
     module.add_function(wrap_pyfunction!(_exchange_api_calls, module)?)?;
     module.add_function(wrap_pyfunction!(_drop_on_rust_thread, module)?)?;
     module.add_function(wrap_pyfunction!(_live_borrows, module)?)?;

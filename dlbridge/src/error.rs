@@ -189,6 +189,19 @@ pub enum Error {
         /// Its `CUresult`.
         code: u32,
     },
+    /// The driver's JIT compiler refused PTX text, and said why.
+    PtxRejected {
+        /// The `CUresult` of `cuModuleLoadDataEx` (CUDA_ERROR_INVALID_PTX, say).
+        code: u32,
+        /// The compiler's error log.
+        log: String,
+    },
+    /// A kernel's arguments differ in number or size from the parameters the
+    /// driver reports for it.
+    KernelArguments {
+        /// What differs.
+        reason: String,
+    },
     /// A module image given as PTX is not PTX text (a cubin or fatbin, say).
     NotPtx {
         /// What it is instead.
@@ -279,10 +292,21 @@ impl fmt::Display for Error {
             Error::InvalidStream { device, stream } => write!(f, "stream {stream} is not valid for a tensor on {device}"),
             Error::NotOnCuda { device } => write!(f, "memory on {device} cannot be copied with CUDA (dlbridge makes no HIP calls)"),
             Error::CudaUnavailable { reason } => write!(f, "CUDA is not available: {reason}"),
-            Error::Cuda { call, code } => match cuda_error_name(*code) {
-                Some(name) => write!(f, "{call} failed with CUresult {code} ({name})"),
-                None => write!(f, "{call} failed with CUresult {code}"),
-            },
+            Error::Cuda { call, code } => {
+                match crate::cuda_result::name(*code) {
+                    Some(name) => write!(f, "{call} failed with CUresult {code} ({name})")?,
+                    None => write!(f, "{call} failed with CUresult {code}")?,
+                }
+                if crate::cuda_result::is_sticky(*code) {
+                    write!(f, "; the driver says this error leaves CUDA unusable in this process until it restarts")?;
+                }
+                Ok(())
+            }
+            Error::PtxRejected { code, log } => {
+                let name = crate::cuda_result::name(*code).unwrap_or("an unnamed CUresult");
+                write!(f, "cuModuleLoadDataEx failed with CUresult {code} ({name}); the JIT compiler's log: {log}")
+            }
+            Error::KernelArguments { reason } => write!(f, "the launch's arguments do not match the kernel's parameters: {reason}"),
             Error::NotPtx { reason } => write!(f, "the module image is not PTX text: {reason}; pass the NUL-terminated PTX that nvcc -ptx or NVRTC writes"),
             Error::StreamCapture { reason } => write!(f, "CUDA graph capture: {reason}"),
             Error::AllocationFailed { bytes } => write!(f, "could not allocate {bytes} bytes"),
@@ -295,34 +319,3 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
-
-/// The names of the `CUresult`s a caller is likely to meet.
-fn cuda_error_name(code: u32) -> Option<&'static str> {
-    Some(match code {
-        1 => "CUDA_ERROR_INVALID_VALUE",
-        2 => "CUDA_ERROR_OUT_OF_MEMORY",
-        3 => "CUDA_ERROR_NOT_INITIALIZED",
-        4 => "CUDA_ERROR_DEINITIALIZED",
-        34 => "CUDA_ERROR_STUB_LIBRARY",
-        100 => "CUDA_ERROR_NO_DEVICE",
-        101 => "CUDA_ERROR_INVALID_DEVICE",
-        200 => "CUDA_ERROR_INVALID_IMAGE",
-        201 => "CUDA_ERROR_INVALID_CONTEXT",
-        218 => "CUDA_ERROR_INVALID_PTX",
-        222 => "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
-        400 => "CUDA_ERROR_INVALID_HANDLE",
-        500 => "CUDA_ERROR_NOT_FOUND",
-        600 => "CUDA_ERROR_NOT_READY",
-        700 => "CUDA_ERROR_ILLEGAL_ADDRESS",
-        701 => "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
-        709 => "CUDA_ERROR_CONTEXT_IS_DESTROYED",
-        719 => "CUDA_ERROR_LAUNCH_FAILED",
-        900 => "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
-        901 => "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
-        905 => "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
-        906 => "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
-        907 => "CUDA_ERROR_CAPTURED_EVENT",
-        999 => "CUDA_ERROR_UNKNOWN",
-        _ => return None,
-    })
-}

@@ -63,6 +63,7 @@ mod buffer;
 #[cfg(feature = "candle")]
 mod candle;
 pub mod copy;
+mod cuda_result;
 mod device;
 mod dims;
 pub mod dtype;

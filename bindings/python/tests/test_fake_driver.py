@@ -84,7 +84,8 @@ def test_a_stub_alone_says_it_is_a_stub(tmp_path, fake):
     assert "CUDA is not available: libcuda.so is the toolkit's stub" in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("code, name", [(100, "CUDA_ERROR_NO_DEVICE"), (999, "CUDA_ERROR_UNKNOWN"), (46, None)])
+@pytest.mark.parametrize("code, name", [(100, "CUDA_ERROR_NO_DEVICE"), (999, "CUDA_ERROR_UNKNOWN"),
+                                        (46, "CUDA_ERROR_DEVICE_UNAVAILABLE"), (803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"), (12345, None)])
 def test_a_failing_cuinit_is_reported(tmp_path, fake, code, name):
     result = probe(with_driver(tmp_path, fake, FAKE_CUDA_INIT_RESULT=str(code)))
     assert result.returncode != 0

@@ -1,15 +1,23 @@
-//! Memory the driver allocates for copies: device (or managed) memory and
-//! page-locked host memory, each freed by its owner's `Drop` in the context it
-//! was allocated in; and the driver's 2-D copy description.
+//! Memory the driver allocates for dlbridge: device (or managed) memory and
+//! page-locked host memory, each freed by its owner's `Drop` in stream order
+//! (`release.rs`); and the driver's 2-D copy description.
+//!
+//! Device memory comes from the device's pool, ordered on the stream that
+//! first uses it (`cuMemAllocAsync`), where the device has pools and that
+//! stream is not capturing a graph; otherwise from `cuMemAlloc`, usable on any
+//! stream at once.
 
 use core::ffi::{c_uint, c_void};
 use core::ptr::NonNull;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use super::{check, host_side, in_context, DevicePtr};
+use super::release::{self, Block};
+use super::{capturing, check, has_pools, host_side, in_context, stream_handle, Api, DevicePtr, LEGACY};
 use crate::error::Error;
 
 /// `CU_MEM_ATTACH_GLOBAL`: managed memory any stream may reach.
 const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
+const CUDA_ERROR_OUT_OF_MEMORY: u32 = 2;
 
 /// `CUDA_MEMCPY2D`.
 #[repr(C)]
@@ -32,19 +40,67 @@ pub(super) struct Memcpy2D {
     pub(super) height: usize,
 }
 
-/// Device memory from `cuMemAlloc`, freed in its device's context.
+/// Events (of the buffer's context) that mark work dlbridge queued on the
+/// memory on streams other than the legacy one: its free waits for them.
+pub(super) type Writers = Arc<Mutex<Vec<usize>>>;
+
+/// An event marking the work queued on `stream` so far, for a free to wait
+/// for: none for the legacy stream, which the free is ordered on, nor for a
+/// stream that captures a graph (that work runs only with the graph, and
+/// waiting on it from outside would break the capture).
+///
+/// # Safety
+/// `stream` is 1, 2 or a live stream of the current context.
+pub(super) unsafe fn writer_event(api: &Api, stream: i64) -> Result<Option<usize>, Error> {
+    if stream == LEGACY || capturing(api, stream)? {
+        return Ok(None);
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { release::record(api, stream) }.map(Some)
+}
+
+/// Runs an allocation; out of memory, once more after the frees still waiting
+/// on the release thread are done.
+fn allocating(api: &Api, mut allocate: impl FnMut() -> Result<(), Error>) -> Result<(), Error> {
+    match host_side(api, &mut allocate) {
+        Err(Error::Cuda { code: CUDA_ERROR_OUT_OF_MEMORY, .. }) => {
+            release::drain();
+            host_side(api, allocate)
+        }
+        other => other,
+    }
+}
+
+/// Device memory dlbridge owns, freed in its device's context.
 pub(super) struct DeviceBuffer {
     pub(super) ptr: DevicePtr,
     device_id: i32,
+    /// From the device's pool (freed with `cuMemFreeAsync`).
+    pooled: bool,
+    pub(super) writers: Writers,
 }
 
 impl DeviceBuffer {
-    pub(super) fn new(device_id: i32, len: usize) -> Result<Self, Error> {
+    /// `len` bytes of device memory for work queued on `stream` (1, 2 or a live
+    /// stream of the device): from the pool in that stream's order, or usable
+    /// everywhere at once when the device has no pools or `stream` captures.
+    ///
+    /// # Safety
+    /// `stream` is 1, 2 or the handle of a live stream of the device.
+    pub(super) unsafe fn new(device_id: i32, len: usize, stream: i64) -> Result<Self, Error> {
         in_context(device_id, |api| {
             let mut ptr = 0;
-            // SAFETY: an allocation with a writable out pointer.
-            host_side(api, || check("cuMemAlloc", unsafe { (api.mem_alloc)(&mut ptr, len.max(1)) }))?;
-            Ok(DeviceBuffer { ptr, device_id })
+            // A graph would own a pool allocation made while it captures.
+            let pooled = has_pools(device_id) && !capturing(api, stream)?;
+            match (pooled, api.mem_alloc_async) {
+                (true, Some(alloc_async)) => {
+                    // SAFETY: an allocation with a writable out pointer, on the caller's stream.
+                    allocating(api, || check("cuMemAllocAsync", unsafe { alloc_async(&mut ptr, len.max(1), stream_handle(stream)) }))?
+                }
+                // SAFETY: an allocation with a writable out pointer.
+                _ => allocating(api, || check("cuMemAlloc", unsafe { (api.mem_alloc)(&mut ptr, len.max(1)) }))?,
+            }
+            Ok(DeviceBuffer { ptr, device_id, pooled: pooled && api.mem_alloc_async.is_some(), writers: Writers::default() })
         })
     }
 
@@ -54,18 +110,29 @@ impl DeviceBuffer {
         in_context(device_id, |api| {
             let mut ptr = 0;
             // SAFETY: an allocation with a writable out pointer.
-            host_side(api, || check("cuMemAllocManaged", unsafe { (api.mem_alloc_managed)(&mut ptr, len.max(1), CU_MEM_ATTACH_GLOBAL) }))?;
-            Ok(DeviceBuffer { ptr, device_id })
+            allocating(api, || check("cuMemAllocManaged", unsafe { (api.mem_alloc_managed)(&mut ptr, len.max(1), CU_MEM_ATTACH_GLOBAL) }))?;
+            Ok(DeviceBuffer { ptr, device_id, pooled: false, writers: Writers::default() })
         })
+    }
+
+    /// Notes that work queued on `stream` of the current context (this
+    /// buffer's) uses the memory: the free waits for it.
+    ///
+    /// # Safety
+    /// `stream` is 1, 2 or a live stream of the current context.
+    pub(super) unsafe fn used_on(&self, api: &Api, stream: i64) -> Result<(), Error> {
+        // SAFETY: forwarded from the caller.
+        if let Some(event) = unsafe { writer_event(api, stream) }? {
+            self.writers.lock().unwrap_or_else(PoisonError::into_inner).push(event);
+        }
+        Ok(())
     }
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let ptr = self.ptr;
-        // SAFETY: allocated by `new` on this device, freed once (the driver
-        // waits for the device's work first: a blocking call).
-        let _ = in_context(self.device_id, |api| host_side(api, || check("cuMemFree", unsafe { (api.mem_free)(ptr) })));
+        let writers = core::mem::take(&mut *self.writers.lock().unwrap_or_else(PoisonError::into_inner));
+        release::free(Block::Device { ptr: self.ptr, pooled: self.pooled }, self.device_id, writers);
     }
 }
 
@@ -85,7 +152,7 @@ impl PinnedBuffer {
         in_context(device_id, |api| {
             let mut ptr = core::ptr::null_mut();
             // SAFETY: an allocation with a writable out pointer.
-            host_side(api, || check("cuMemAllocHost", unsafe { (api.mem_alloc_host)(&mut ptr, len.max(1)) }))?;
+            allocating(api, || check("cuMemAllocHost", unsafe { (api.mem_alloc_host)(&mut ptr, len.max(1)) }))?;
             let ptr = NonNull::new(ptr.cast()).ok_or(Error::AllocationFailed { bytes: len })?;
             Ok(PinnedBuffer { ptr, device_id })
         })
@@ -94,8 +161,6 @@ impl PinnedBuffer {
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
-        let ptr = self.ptr.as_ptr().cast();
-        // SAFETY: allocated by `new`, freed once.
-        let _ = in_context(self.device_id, |api| host_side(api, || check("cuMemFreeHost", unsafe { (api.mem_free_host)(ptr) })));
+        release::free(Block::Pinned(self.ptr.as_ptr() as usize), self.device_id, Vec::new());
     }
 }

@@ -11,7 +11,7 @@ use core::ffi::c_void;
 
 use super::buffers::{DeviceBuffer, PinnedBuffer};
 use super::copy_plan::{device_copy, DeviceCopy, extent, is_dense, layout_of, padded_flags, queue_gather, require_cuda, staging, thin_gather};
-use super::{awake_device, capturing, check, host_side, in_context, queue_on, stream_handle, wait_on_host, DevicePtr};
+use super::{awake_device, capturing, check, host_side, in_context, queue_on, stream_handle, wait_on_host, DevicePtr, LEGACY};
 use crate::error::Error;
 use crate::export::{export_raw, RawLayout};
 use crate::ffi::DLManagedTensorVersioned;
@@ -92,8 +92,11 @@ pub unsafe fn to_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, 
         let staged: Owned<M> = unsafe { export_raw(buffer, base.wrapping_add(first_byte).cast(), layout, padded) }?;
         return compact_pinned(staged, device_id, padded);
     }
-    let mut buffer = crate::AlignedBuffer::zeroed(len)?;
-    let base = buffer.as_mut_slice().as_mut_ptr();
+    // The copy writes every byte of the staged extent or gather: no zeroing first.
+    // SAFETY: `copy_into` fills all `len` bytes before the buffer is exported
+    // below; when it fails the buffer is dropped unread.
+    let buffer = unsafe { crate::AlignedBuffer::uninit(len) }?;
+    let base = buffer.base();
     if len > 0 {
         copy_into(base)?;
     }
@@ -140,10 +143,10 @@ fn pinned_copy_of_host<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32, pad
 }
 
 /// A CUDA copy, on `device_id`, of a CPU-accessible tensor: C-contiguous, in
-/// memory dlbridge allocated and its deleter frees. Copied with the driver's
-/// synchronous copy, which from pageable memory may return before the DMA
-/// lands: the copy is then ready on the legacy default stream (1), not
-/// complete. IS_COPIED is set.
+/// memory dlbridge allocated and its deleter frees. Staged through pinned
+/// buffers and queued on the legacy default stream (1), without waiting for
+/// other work there: the copy is then ready on that stream, not complete.
+/// IS_COPIED is set.
 pub fn to_device<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32) -> Result<Owned<M>, Error> {
     let padded = padded_flags::<M>(view)?;
     let contiguous;
@@ -154,21 +157,37 @@ pub fn to_device<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32) -> Result
         contiguous.view()
     };
     let bytes = view.try_as_bytes()?;
-    let (src, len) = (bytes.as_ptr() as usize, bytes.len());
-    let buffer = DeviceBuffer::new(device_id, len)?;
-    let ptr = buffer.ptr;
-    if len > 0 {
-        // SAFETY: `len` readable host bytes (the view's, kept alive by the
-        // caller; passed as an address, since another thread may run while the
-        // call blocks) into a fresh allocation of that size.
-        in_context(device_id, |api| host_side(api, || check("cuMemcpyHtoD", unsafe { (api.memcpy_htod)(ptr, core::ptr::with_exposed_provenance(src), len) })))?;
-    }
+    // SAFETY: the legacy stream.
+    let buffer = unsafe { DeviceBuffer::new(device_id, bytes.len(), LEGACY) }?;
+    // SAFETY: the view's bytes into a fresh allocation of that size, on the stream it was made for.
+    unsafe { upload(device_id, &buffer, bytes, LEGACY) }?;
+    let data = core::ptr::without_provenance_mut(buffer.ptr as usize);
     let layout = RawLayout { strides: None, ..layout_of(view, Device::cuda(device_id)) };
     // SAFETY: device memory of the view's contiguous size, owned by the buffer;
     // the host never dereferences it.
-    let mut owned: Owned<M> = unsafe { export_raw(buffer, core::ptr::without_provenance_mut(ptr as usize), layout, padded) }?;
+    let mut owned: Owned<M> = unsafe { export_raw(buffer, data, layout, padded) }?;
     owned.mark_copied();
     Ok(owned)
+}
+
+/// Copies `bytes` to the start of `buffer` on `stream`, through the staging
+/// buffers (without the GIL: the host copies and may wait for earlier pieces).
+///
+/// # Safety
+/// `buffer` holds at least `bytes.len()` bytes and is usable on `stream`, 1, 2
+/// or a live stream of `device_id`.
+unsafe fn upload(device_id: i32, buffer: &DeviceBuffer, bytes: &[u8], stream: i64) -> Result<(), Error> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    // Passed as an address: another thread may run while the copy blocks.
+    let (dst, src, len) = (buffer.ptr, bytes.as_ptr() as usize, bytes.len());
+    in_context(device_id, |api| {
+        // SAFETY: the caller's promises, for the bytes the caller keeps alive.
+        host_side(api, || unsafe { super::staging::upload(api, device_id, dst, src, len, stream) })?;
+        // SAFETY: forwarded from the caller.
+        unsafe { buffer.used_on(api, stream) }
+    })
 }
 
 /// A copy of a CUDA tensor in fresh memory of the same kind on the same
@@ -176,7 +195,7 @@ pub fn to_device<M: ManagedAbi>(view: &TensorView<'_>, device_id: i32) -> Result
 /// on, which the copy is then ready on too), with no host synchronisation:
 /// the extent with the same layout when dense, the elements gathered into a
 /// compact layout when thin; a broadcast (whose copy must not share
-/// elements) goes through pinned host memory, complete when this returns.
+/// elements) goes through host memory and is then queued on `ready` too.
 /// Managed memory is copied by the host once the host has waited for
 /// `ready`, into managed memory: the copy is then complete for any consumer,
 /// host or device. IS_COPIED is set.
@@ -198,22 +217,24 @@ pub unsafe fn copy_on_device<M: ManagedAbi>(view: &TensorView<'_>, ready: Option
         DeviceCopy::ThroughHost => return unsafe { copy_through_host(view, ready, padded) },
     };
     let (len, strides, first_byte) = staging(view, gather.as_ref());
-    let buffer = DeviceBuffer::new(device_id, len)?;
+    let stream = queue_on(ready);
+    // SAFETY: a stream the caller vouches for.
+    let buffer = unsafe { DeviceBuffer::new(device_id, len, stream) }?;
     let dst = buffer.ptr;
     if len > 0 {
-        let stream = queue_on(ready);
         in_context(device_id, |api| {
             // SAFETY: both sides are device memory (the source by the producer's
-            // promise, the destination `len` fresh bytes), on the stream the
-            // source is ready on.
+            // promise, the destination `len` fresh bytes, usable on `stream`), on
+            // the stream the source is ready on; the free waits for the copy.
             unsafe {
                 match &gather {
-                    Some(g) => queue_gather(api, g, view.as_ptr() as usize, dst as usize, true, stream),
+                    Some(g) => queue_gather(api, g, view.as_ptr() as usize, dst as usize, true, stream)?,
                     None => {
                         let (start, _, _) = extent(view);
-                        check("cuMemcpyDtoDAsync", (api.memcpy_dtod_async)(dst, start as DevicePtr, len, stream_handle(stream)))
+                        check("cuMemcpyDtoDAsync", (api.memcpy_dtod_async)(dst, start as DevicePtr, len, stream_handle(stream)))?
                     }
                 }
+                buffer.used_on(api, stream)
             }
         })?;
     }
@@ -225,25 +246,24 @@ pub unsafe fn copy_on_device<M: ManagedAbi>(view: &TensorView<'_>, ready: Option
     Ok(owned)
 }
 
-/// [`copy_on_device`] through pinned host memory: a compact host copy, then
-/// a synchronous copy from pinned memory, complete when it returns.
+/// [`copy_on_device`] through host memory: a compact host copy (complete when
+/// it returns), then a staged copy to the device on the queue stream, ready there.
 ///
 /// # Safety
 /// As [`to_host`], for `ready`.
 unsafe fn copy_through_host<M: ManagedAbi>(view: &TensorView<'_>, ready: Option<i64>, padded: u64) -> Result<Owned<M>, Error> {
     let device_id = view.device().device_id;
+    let stream = queue_on(ready);
     // SAFETY: forwarded from the caller.
-    let host: Owned<DLManagedTensorVersioned> = unsafe { to_host(view, ready, true) }?;
-    let (start, len, first) = extent(host.view());
-    let buffer = DeviceBuffer::new(device_id, len)?;
-    let dst = buffer.ptr;
-    if len > 0 {
-        // SAFETY: `len` bytes of pinned memory that `host` owns, into fresh device memory.
-        in_context(device_id, |api| host_side(api, || check("cuMemcpyHtoD", unsafe { (api.memcpy_htod)(dst, core::ptr::with_exposed_provenance(start), len) })))?;
-    }
-    let layout = layout_of(host.view(), Device::cuda(device_id));
-    let data = core::ptr::without_provenance_mut((dst as usize).wrapping_add(first));
-    // SAFETY: the buffer holds the host copy's extent, element 0 at `first`.
+    let host: Owned<DLManagedTensorVersioned> = unsafe { to_host(view, ready, false) }?;
+    let bytes = host.view().try_as_bytes()?;
+    // SAFETY: a stream the caller vouches for.
+    let buffer = unsafe { DeviceBuffer::new(device_id, bytes.len(), stream) }?;
+    // SAFETY: the host copy's bytes into a fresh allocation of that size, usable on `stream`.
+    unsafe { upload(device_id, &buffer, bytes, stream) }?;
+    let layout = RawLayout { strides: None, ..layout_of(host.view(), Device::cuda(device_id)) };
+    let data = core::ptr::without_provenance_mut(buffer.ptr as usize);
+    // SAFETY: the buffer holds the C-contiguous host copy's bytes.
     let mut owned: Owned<M> = unsafe { export_raw(buffer, data, layout, padded) }?;
     owned.mark_copied();
     Ok(owned)

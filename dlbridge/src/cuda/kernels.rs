@@ -6,6 +6,7 @@ use core::ffi::{c_uint, c_void, CStr};
 use core::marker::PhantomData;
 use std::sync::Arc;
 
+use super::params::{check_arguments, layout};
 use super::{check, host_side, in_context, stream_handle, Handle};
 use crate::error::Error;
 use crate::streams::Stream;
@@ -91,14 +92,15 @@ fn not_ptx(image: &[u8]) -> Option<&'static str> {
 
 impl Module {
     /// Loads NUL-terminated PTX text into device `device_id`'s primary
-    /// context (`cuModuleLoadData`); the driver JIT-compiles it for that
+    /// context (`cuModuleLoadDataEx`); the driver JIT-compiles it for that
     /// device, which takes a while the first time (its cache keeps the result).
     ///
     /// Errors: [`Error::NotPtx`] for an image that is not PTX text (cubins and
     /// fatbins are refused: the driver would read them past the end of the
-    /// buffer); CUDA_ERROR_INVALID_PTX, or CUDA_ERROR_UNSUPPORTED_PTX_VERSION
-    /// for PTX whose `.version` is newer than the driver; [`Error::CudaUnavailable`]
-    /// without a driver.
+    /// buffer); [`Error::PtxRejected`] with the JIT compiler's log for PTX it
+    /// refuses (CUDA_ERROR_INVALID_PTX, or CUDA_ERROR_UNSUPPORTED_PTX_VERSION
+    /// for a `.version` newer than the driver), or [`Error::Cuda`] where it
+    /// wrote no log; [`Error::CudaUnavailable`] without a driver.
     pub fn from_ptx(device_id: i32, ptx: &CStr) -> Result<Module, Error> {
         if let Some(reason) = not_ptx(ptx.to_bytes()) {
             return Err(Error::NotPtx { reason });
@@ -109,8 +111,9 @@ impl Module {
             // A compilation that may take long: off the GIL, and no part of a capture.
             host_side(api, || {
                 // SAFETY: NUL-terminated PTX text (checked above), kept alive by
-                // the caller for this call; a writable out value.
-                check("cuModuleLoadData", unsafe { (api.module_load_data)(&mut module, image) })
+                // the caller for this call.
+                module = unsafe { super::params::load(api, image) }?;
+                Ok::<(), Error>(())
             })?;
             Ok((module as usize, current_context_id(api)))
         })?;
@@ -120,18 +123,21 @@ impl Module {
 
     /// The kernel named `name` (its `.entry` name in the PTX; `extern "C"` in
     /// CUDA C keeps it unmangled). CUDA_ERROR_NOT_FOUND when there is none.
+    ///
+    /// The driver's account of its parameters (CUDA 12.4 and later) is kept,
+    /// and each launch's arguments are checked against it.
     pub fn function(&self, name: &CStr) -> Result<Function, Error> {
         let module = self.loaded.handle;
-        let handle = in_context(self.loaded.device_id, |api| {
+        let (handle, params) = in_context(self.loaded.device_id, |api| {
             self.loaded.require_alive(api, "cuModuleGetFunction")?;
             let mut function = core::ptr::null_mut();
             // SAFETY: this loaded module, a NUL-terminated name, a writable out value.
             check("cuModuleGetFunction", unsafe {
                 (api.module_get_function)(&mut function, core::ptr::without_provenance_mut(module), name.as_ptr())
             })?;
-            Ok(function as usize)
+            Ok((function as usize, layout(api, function)))
         })?;
-        Ok(Function { module: self.clone(), handle })
+        Ok(Function { module: self.clone(), handle, params })
     }
 
     /// The device whose context holds the module.
@@ -154,15 +160,18 @@ pub struct Function {
     module: Module,
     /// The `CUfunction`.
     handle: usize,
+    /// Each parameter's offset and size, where the driver reports them.
+    params: Option<Vec<(usize, usize)>>,
 }
 
 /// One kernel argument: a pointer to its value, which the driver copies when
-/// the kernel is launched (an element of `cuLaunchKernel`'s `kernelParams`).
-/// The borrow keeps the value alive for the launch.
-#[repr(transparent)]
+/// the kernel is launched (an element of `cuLaunchKernel`'s `kernelParams`),
+/// and the value's size, checked against the parameter's where the driver
+/// reports it. The borrow keeps the value alive for the launch.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelArg<'a> {
     value: *mut c_void,
+    size: usize,
     _value: PhantomData<&'a ()>,
 }
 
@@ -171,7 +180,12 @@ impl<'a> KernelArg<'a> {
     /// (`CUdeviceptr`), or a scalar of the kernel parameter's C type.
     pub fn new<T: Copy>(value: &'a T) -> Self {
         // The driver only reads through it.
-        KernelArg { value: (value as *const T).cast_mut().cast(), _value: PhantomData }
+        KernelArg { value: (value as *const T).cast_mut().cast(), size: core::mem::size_of::<T>(), _value: PhantomData }
+    }
+
+    /// The size of the value, in bytes.
+    pub fn size(&self) -> usize {
+        self.size
     }
 }
 
@@ -207,12 +221,15 @@ impl Function {
     /// are reported by later calls on the device, as with any launch.
     ///
     /// Errors: [`Error::InvalidStream`] for [`Stream::NO_SYNC`] and 0, which
-    /// are no CUDA streams.
+    /// are no CUDA streams; [`Error::KernelArguments`] for arguments whose
+    /// number or sizes differ from the kernel's parameters, where the driver
+    /// reports them (CUDA 12.4 and later, [`Function::parameter_sizes`]).
     ///
     /// # Safety
     /// - `args` has one element per parameter of the kernel, in order, each
-    ///   pointing at a value of that parameter's type and size (the driver
-    ///   reads as many as the kernel declares, with no check);
+    ///   pointing at a value of that parameter's type (the driver reads as
+    ///   many parameters as the kernel declares; their number and sizes are
+    ///   checked only where the driver reports them);
     /// - whatever memory the kernel reads or writes is device memory of this
     ///   module's device (or memory it may reach) that stays allocated until
     ///   the kernel has run, and that no other work touches meanwhile unless
@@ -231,15 +248,19 @@ impl Function {
         if !DeviceType::CUDA.accepts_stream(stream) || stream == -1 {
             return Err(Error::InvalidStream { device: DeviceType::CUDA, stream });
         }
+        if let Some(layout) = &self.params {
+            check_arguments(layout, args.iter().map(KernelArg::size))?;
+        }
         let LaunchConfig { grid: [gx, gy, gz], block: [bx, by, bz], shared_mem_bytes } = config;
+        let mut values: Vec<*mut c_void> = args.iter().map(|a| a.value).collect();
         // NULL for a kernel without parameters.
-        let params: *mut *mut c_void = if args.is_empty() { core::ptr::null_mut() } else { args.as_ptr().cast_mut().cast() };
+        let params: *mut *mut c_void = if values.is_empty() { core::ptr::null_mut() } else { values.as_mut_ptr() };
         let function = self.handle;
         in_context(self.module.loaded.device_id, |api| {
             self.module.loaded.require_alive(api, "cuLaunchKernel")?;
-            // SAFETY: this module's function in its own context; `args` is an
-            // array of pointers (`KernelArg` is one pointer) to live values whose
-            // types the caller vouches for; no `extra`; the caller's stream.
+            // SAFETY: this module's function in its own context; `params` is an
+            // array of pointers to the arguments' live values, whose types the
+            // caller vouches for; no `extra`; the caller's stream.
             check("cuLaunchKernel", unsafe {
                 (api.launch_kernel)(
                     core::ptr::without_provenance_mut(function),
@@ -261,6 +282,12 @@ impl Function {
     /// The module the kernel is in.
     pub fn module(&self) -> &Module {
         &self.module
+    }
+
+    /// The size of each parameter in bytes, in order, where the driver reports
+    /// them (CUDA 12.4 and later): what launches are checked against.
+    pub fn parameter_sizes(&self) -> Option<Vec<usize>> {
+        self.params.as_ref().map(|layout| layout.iter().map(|&(_, size)| size).collect())
     }
 }
 
@@ -315,9 +342,9 @@ mod tests {
     }
 
     #[test]
-    fn a_kernel_arg_is_one_pointer() {
-        assert_eq!(core::mem::size_of::<KernelArg<'_>>(), core::mem::size_of::<*mut c_void>());
-        let x = 3.5f32;
+    fn a_kernel_arg_points_at_its_value_and_knows_its_size() {
+        let (x, n) = (3.5f32, 7u64);
         assert_eq!(KernelArg::new(&x).value as usize, &x as *const f32 as usize);
+        assert_eq!((KernelArg::new(&x).size(), KernelArg::new(&n).size()), (4, 8));
     }
 }

@@ -94,25 +94,26 @@ unsafe fn launch_scale(device_id: i32, x: u64, out: u64, n: u64, factor: f32, st
 #[pyfunction]
 fn scale(x: PyTensor<'_, f32, AnyRank, Cuda, CContiguous>, factor: f32) -> PyResult<Tensor> {
     let device_id = x.device_id();
-    let out = cuda::empty(DataType::FLOAT32, x.view().shape(), device_id).map_err(to_py_err)?;
-    let n = x.view().len() as u64;
-    if n == 0 {
-        return Ok(Tensor::new(out));
-    }
     let stream = launch_stream(x.ready_stream());
+    let n = x.view().len() as u64;
     // A replay of a captured graph would write `out` again after Python freed it.
-    if cuda::stream_is_capturing(device_id, stream).map_err(to_py_err)? {
+    if n > 0 && cuda::stream_is_capturing(device_id, stream).map_err(to_py_err)? {
         return Err(pyo3::exceptions::PyValueError::new_err(
             "scale allocates its result, which a CUDA graph replaying this launch would write after it is freed: \
              capture scale_ (in place, in memory the graph's owner keeps) instead",
         ));
     }
-    // SAFETY: `x` holds n float32s on `device_id`, ready on `stream` and kept
-    // by its producer for the work queued there; `out` is fresh memory of n
-    // float32s that only this kernel writes before it is handed on, ready on
-    // `stream`, and freed (cuMemFree) only after the device's work is done;
-    // no capture is under way on `stream` (checked just above).
-    unsafe { launch_scale(device_id, x.device_ptr(), out.view().as_ptr() as u64, n, factor, stream) }?;
+    // Fresh memory in `stream`'s order (the device's pool, where it has one).
+    let out = cuda::empty(DataType::FLOAT32, x.view().shape(), device_id, stream).map_err(to_py_err)?;
+    if n > 0 {
+        // SAFETY: `x` holds n float32s on `device_id`, ready on `stream` and kept
+        // by its producer for the work queued there; `out` is fresh memory of n
+        // float32s for work on `stream`, which only this kernel writes before it
+        // is handed on, and whose free waits for that work (`written_on` below);
+        // no capture is under way on `stream` (checked above).
+        unsafe { launch_scale(device_id, x.device_ptr(), out.device_ptr(), n, factor, stream) }?;
+    }
+    let out = out.written_on(stream).map_err(to_py_err)?;
     Tensor::new(out).with_ready_stream(Some(stream))
 }
 

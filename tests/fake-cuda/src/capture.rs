@@ -191,6 +191,20 @@ fn test_stream(device: i64, handle: usize) -> Result<StreamKey, CuResult> {
     with_state(|s| s.resolve(handle, device))
 }
 
+/// This thread's capture mode (0 global, 1 thread-local, 2 relaxed): what a
+/// library that calls dlbridge finds afterwards.
+#[no_mangle]
+pub extern "C" fn fake_cuda_thread_capture_mode() -> u32 {
+    THREAD_MODE.with(Cell::get)
+}
+
+/// Sets this thread's capture mode, as another library would with
+/// `cuThreadExchangeStreamCaptureMode`.
+#[no_mangle]
+pub extern "C" fn fake_cuda_set_thread_capture_mode(mode: u32) {
+    THREAD_MODE.with(|m| m.set(mode));
+}
+
 /// `cuStreamBeginCapture` on a stream, by this thread, in `mode` (0 global,
 /// 1 thread-local, 2 relaxed). The legacy stream cannot be captured.
 #[no_mangle]

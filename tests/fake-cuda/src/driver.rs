@@ -37,11 +37,17 @@ fn is_stub() -> bool {
     canonical(std::path::Path::new(&own)) == canonical(std::path::Path::new(&stub))
 }
 
-/// `FAKE_CUDA_INIT_RESULT`: a `cuInit` failure to report (100: no device, ...).
+/// `FAKE_CUDA_INIT_RESULT`: a `cuInit` failure to report (100: no device, ...);
+/// `FAKE_CUDA_INIT_DELAY_MS`: how long the first `cuInit` takes (a driver's
+/// start-up takes a while).
 #[no_mangle]
 pub extern "C" fn cuInit(_flags: u32) -> CuResult {
     if is_stub() {
         return STUB_LIBRARY;
+    }
+    let delay = std::env::var("FAKE_CUDA_INIT_DELAY_MS").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    if delay > 0 && !with_state(|s| s.initialized) {
+        std::thread::sleep(std::time::Duration::from_millis(delay));
     }
     if let Some(code) = std::env::var("FAKE_CUDA_INIT_RESULT").ok().and_then(|v| v.parse::<u32>().ok()).filter(|&c| c != 0) {
         return code;
@@ -65,7 +71,8 @@ pub unsafe extern "C" fn cuDeviceGet(device: *mut i32, ordinal: i32) -> CuResult
     })())
 }
 
-/// Retains (and activates) the device's primary context.
+/// Retains (and activates) the device's primary context; creating it (the
+/// first retain) is a blocking call.
 ///
 /// # Safety
 /// `context` is writable.
@@ -77,11 +84,14 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(context: *mut usize, device: i
         if !(0..DEVICES).contains(&device) {
             return Err(INVALID_DEVICE);
         }
-        let handle = with_state(|s| {
+        let (handle, created) = with_state(|s| {
             let c = &mut s.contexts[device as usize];
             c.retains += 1;
-            context_handle(device, c.generation)
+            (context_handle(device, c.generation), c.retains == 1)
         });
+        if created {
+            blocking_delay();
+        }
         // SAFETY: the caller's out pointer.
         unsafe { *context = handle };
         Ok(())
@@ -230,12 +240,15 @@ pub extern "C" fn cuEventRecord(event: i64, stream: usize) -> CuResult {
     })())
 }
 
-/// As the driver: a stream may wait for an event of any context; capture
-/// rules apply (see `capture.rs`).
+/// As the driver: a stream may wait for an event of any context, and a
+/// created stream of another device than the current context's may wait;
+/// capture rules apply (see `capture.rs`).
 #[no_mangle]
 pub extern "C" fn cuStreamWaitEvent(stream: usize, event: i64, flags: u32) -> CuResult {
     result((|| {
-        let (_, key) = stream_in_context(stream)?;
+        initialized()?;
+        let device = context()?;
+        let key = with_state(|s| s.resolve_any(stream, device))?;
         with_state(|s| {
             s.check_legacy_use(key, false)?;
             s.wait_event(key, event, flags)

@@ -136,10 +136,7 @@ pub extern "C" fn fake_cuda_primary_reset(device: i64) {
         }
         doomed
     });
-    for (start, size) in doomed {
-        // SAFETY: allocated by `allocate` with this size and alignment, and forgotten above.
-        unsafe { std::alloc::dealloc(start as *mut u8, std::alloc::Layout::from_size_align_unchecked(size, 256)) };
-    }
+    blocks::dealloc(&doomed);
 }
 
 /// The current bytes at `address` (no work is completed): what a GPU's memory

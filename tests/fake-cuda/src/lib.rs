@@ -8,16 +8,26 @@
 //! What it models:
 //! - "Device" memory is host memory. Two devices exist, each with 1 GiB. A copy
 //!   must stay inside memory the driver knows: its own allocations, or ranges a
-//!   test registers (a producer's device, pinned or managed memory).
+//!   test registers (a producer's device, pinned or managed memory). A freed
+//!   block is kept and handed to a later allocation of its kind (as a pool
+//!   reuses memory), so work that runs after a free writes the new owner's
+//!   bytes, and the use is counted ([`blocks`]).
 //! - Streams are queues ([`timeline`]). Copies, test "kernels" and host
 //!   functions run when a synchronisation, or a wait that is itself reached,
 //!   needs them. The legacy stream (1) waits for, and is waited for by, every
 //!   blocking stream of its context; non-blocking streams wait for nothing;
 //!   the per-thread stream (2) is one blocking stream per thread. A synchronous
 //!   copy from pageable memory returns with its DMA still queued on the legacy
-//!   stream; `cuMemFree` waits for the whole device first.
-//! - Streams are created and destroyed by tests; an unknown or destroyed handle
-//!   is CUDA_ERROR_INVALID_HANDLE, and a destroyed handle may be handed out again.
+//!   stream. Frees are as the driver documents them, not as drivers happen to
+//!   behave: `cuMemFree` and `cuMemFreeHost` free at once (the driver "may"
+//!   synchronise, which nothing may rely on), `cuMemFreeAsync` frees when its
+//!   stream reaches it, and `cuMemAllocAsync` exists where the device reports
+//!   memory pools (a test can say it has none).
+//! - Streams are created and destroyed by tests; a destroyed handle may be
+//!   handed out again. A driver dereferences an unknown stream handle
+//!   (undefined behaviour); the fake answers CUDA_ERROR_INVALID_HANDLE so that
+//!   such a bug shows, but no test expects that answer. A stream may wait for
+//!   an event of another device, as on a driver.
 //! - Stream capture ([`capture`]): captured work is kept for graph launches;
 //!   the legacy stream is unusable while a blocking stream captures; waiting on
 //!   an event recorded outside needs CU_EVENT_WAIT_EXTERNAL; unsafe calls
@@ -26,28 +36,40 @@
 //! - Primary contexts have retain counts and can be reset, after which their
 //!   old handles fail with CUDA_ERROR_CONTEXT_IS_DESTROYED. Every call but
 //!   `cuInit` fails with CUDA_ERROR_NOT_INITIALIZED before `cuInit`; `cuInit`
-//!   can be made to fail, and a copy named by `FAKE_CUDA_STUB` is a toolkit stub.
-//! - Modules ([`modules`]) are PTX text, for a CUDA 13.0 driver; a kernel
-//!   the fake knows by its entry name runs as Rust on the "device" memory
-//!   when its launch, queued on a stream like any work, is reached.
+//!   can be made to fail or slow (`FAKE_CUDA_INIT_RESULT`, `FAKE_CUDA_INIT_DELAY_MS`),
+//!   and a copy named by `FAKE_CUDA_STUB` is a toolkit stub. Each thread has a
+//!   capture mode that tests can read back.
+//! - Modules ([`modules`]) are PTX text, for a CUDA 13.0 driver, with a JIT
+//!   error log; kernels report their parameter layout (`cuFuncGetParamInfo`,
+//!   which a test can turn off as on drivers before 12.4); a kernel the fake
+//!   knows by its entry name runs as Rust on the "device" memory when its
+//!   launch, queued on a stream like any work, is reached.
 //! - Blocking calls can be slowed (`fake_cuda_set_sync_delay_ms`), so that a test
 //!   can see whether the caller let other threads run meanwhile.
 //!
 //! | file | what |
 //! |---|---|
-//! | `lib.rs` | the fake's state: memory, contexts, events, the log |
+//! | `lib.rs` | the fake's state: contexts, events, the log |
+//! | `blocks.rs` | known memory: allocations, frees, reuse and uses after a free |
 //! | `hooks.rs` | the test hooks for memory, the log, contexts and slow calls |
 //! | `timeline.rs` | streams as queues of work, and the test hooks that launch and complete work |
 //! | `capture.rs` | stream capture: its rules, graphs, and its test hooks |
 //! | `driver.rs` | the driver API functions dlbridge calls: initialisation, contexts, events, streams |
-//! | `memory.rs` | the driver API functions dlbridge calls: pointer attributes, allocations, copies |
-//! | `modules.rs` | modules from PTX, and launches of the kernels the fake knows |
+//! | `memory.rs` | the driver API functions dlbridge calls: pointer attributes, device attributes, allocations, frees |
+//! | `copies.rs` | the driver API functions dlbridge calls: copies |
+//! | `modules.rs` | modules from PTX, their parameter layouts, and launches |
+//! | `kernels.rs` | the kernels the fake knows, and what they do |
+//! | `ptx.rs` | PTX text as the JIT reads it, and its error log |
 
+mod blocks;
 mod capture;
+mod copies;
 mod driver;
 mod hooks;
+mod kernels;
 mod memory;
 mod modules;
+mod ptx;
 mod timeline;
 
 use std::cell::{Cell, RefCell};
@@ -67,6 +89,7 @@ const INVALID_CONTEXT: CuResult = 201;
 const INVALID_HANDLE: CuResult = 400;
 const NOT_READY: CuResult = 600;
 const CONTEXT_IS_DESTROYED: CuResult = 709;
+const NOT_SUPPORTED: CuResult = 801;
 
 const DEVICES: i64 = 2;
 /// What each device, and pinned host memory, can hold.
@@ -93,7 +116,7 @@ enum Kind {
     StreamSync = 5,
     /// stream, bytes
     CopyDeviceToHost = 6,
-    /// 0, bytes
+    /// stream (0 for the synchronous copy), bytes
     CopyHostToDevice = 7,
     /// stream, bytes
     CopyDeviceToDevice = 8,
@@ -121,6 +144,10 @@ enum Kind {
     Launch = 19,
     /// module
     ModuleUnload = 20,
+    /// stream, bytes (stream-ordered, from the device's pool)
+    AllocAsync = 21,
+    /// address, stream (freed when the stream reaches it)
+    FreeAsync = 22,
 }
 
 /// What a known range of memory is.
@@ -166,6 +193,14 @@ struct State {
     memory: HashMap<usize, (usize, Place)>,
     /// Ours only: address -> (layout size, the kind of allocation).
     owned: HashMap<usize, (usize, Kind)>,
+    /// Freed blocks of ours, for reuse: address -> (layout size, place).
+    freed: HashMap<usize, (usize, Place)>,
+    /// How many ops touched a freed block before it was handed out again.
+    uses_after_free: usize,
+    /// Whether devices report memory pools (`cuMemAllocAsync`, `cuMemFreeAsync`).
+    pools: bool,
+    /// Whether `cuFuncGetParamInfo` answers (drivers before 12.4 lack it).
+    param_info: bool,
     log: Vec<[i64; 4]>,
     /// Whether `cuPointerGetAttribute` needs a current context.
     strict_pointer_queries: bool,
@@ -211,6 +246,10 @@ fn with_state<T>(body: impl FnOnce(&mut State) -> T) -> T {
         events: HashMap::new(),
         memory: HashMap::new(),
         owned: HashMap::new(),
+        freed: HashMap::new(),
+        uses_after_free: 0,
+        pools: true,
+        param_info: true,
         log: Vec::new(),
         strict_pointer_queries: false,
         sync_delay_ms: 0,
@@ -292,72 +331,4 @@ fn blocking_delay() {
     if ms > 0 {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
-}
-
-/// The known range holding all of `[start, start + len)`, if any.
-fn range_of(start: usize, len: usize) -> Option<(usize, Place)> {
-    let end = start.checked_add(len)?;
-    with_state(|s| {
-        s.memory
-            .iter()
-            .find(|(&base, &(size, _))| start >= base && base.checked_add(size).is_some_and(|limit| end <= limit))
-            .map(|(&base, &(_, place))| (base, place))
-    })
-}
-
-/// The place of the known range `start` falls in (even if a length would run past it).
-fn place_of(start: usize) -> Option<Place> {
-    with_state(|s| s.memory.iter().find(|(&base, &(size, _))| start >= base && start - base < size).map(|(_, &(_, p))| p))
-}
-
-fn allocate(len: usize, place: Place, kind: Kind) -> Result<usize, CuResult> {
-    let size = len.max(1);
-    let in_use: usize = with_state(|s| {
-        s.owned.iter().filter(|(start, _)| s.memory.get(start).is_some_and(|m| m.1 == place)).map(|(_, (n, _))| n).sum()
-    });
-    if size > CAPACITY.saturating_sub(in_use) {
-        return Err(OUT_OF_MEMORY);
-    }
-    let layout = std::alloc::Layout::from_size_align(size, 256).map_err(|_| OUT_OF_MEMORY)?;
-    // SAFETY: a non-zero size.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as usize;
-    if ptr == 0 {
-        return Err(OUT_OF_MEMORY);
-    }
-    // Managed memory is freed like device memory.
-    let freed_as = if kind == Kind::AllocManaged { Kind::Alloc } else { kind };
-    with_state(|s| {
-        s.memory.insert(ptr, (size, place));
-        s.owned.insert(ptr, (size, freed_as));
-    });
-    log(kind, ptr as i64, len as i64);
-    Ok(ptr)
-}
-
-/// Frees an allocation of `allocated` kind; anything else is INVALID_VALUE.
-fn free(ptr: usize, allocated: Kind, kind: Kind) -> Result<(), CuResult> {
-    let size = with_state(|s| match s.owned.get(&ptr) {
-        Some(&(size, k)) if k == allocated => {
-            s.owned.remove(&ptr);
-            s.memory.remove(&ptr);
-            Some(size)
-        }
-        _ => None,
-    })
-    .ok_or(INVALID_VALUE)?;
-    // SAFETY: allocated by `allocate` with this size and alignment.
-    unsafe { std::alloc::dealloc(ptr as *mut u8, std::alloc::Layout::from_size_align_unchecked(size, 256)) };
-    log(kind, ptr as i64, 0);
-    Ok(())
-}
-
-/// Checks a copy of `len` bytes: the source must be known memory when
-/// `check_src`, the destination when `check_dst`; a host destination that is
-/// known memory (pinned) must hold all of it too.
-fn check_copy(dst: usize, src: usize, len: usize, check_src: bool, check_dst: bool) -> Result<(), CuResult> {
-    let dst_ok = if check_dst || place_of(dst).is_some() { range_of(dst, len).is_some() } else { true };
-    if (check_src && range_of(src, len).is_none()) || !dst_ok {
-        return Err(INVALID_VALUE);
-    }
-    Ok(())
 }

@@ -1,11 +1,13 @@
-//! The driver API functions dlbridge calls for memory: pointer attributes,
-//! allocations, frees and copies, with the real signatures.
+//! The driver API functions dlbridge calls for memory: pointer and device
+//! attributes, allocations and frees, with the real signatures (`copies.rs`
+//! has the copies). Frees are as documented: `cuMemFree` and `cuMemFreeHost`
+//! free at once, `cuMemFreeAsync` when its stream reaches it.
 
 use std::ffi::c_void;
 
-use crate::capture::CAPTURE_UNSUPPORTED;
+use crate::blocks::{allocate, free_later, free_now, range_of};
 use crate::driver::stream_in_context;
-use crate::timeline::{run_all_of, run_device, StreamKey, Work};
+use crate::timeline::Work;
 use crate::*;
 
 const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: u32 = 2;
@@ -13,9 +15,8 @@ const CU_POINTER_ATTRIBUTE_IS_MANAGED: u32 = 8;
 const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: u32 = 9;
 const CU_MEMORYTYPE_HOST: u32 = 1;
 const CU_MEMORYTYPE_DEVICE: u32 = 2;
-const CU_MEMORYTYPE_UNIFIED: u32 = 4;
-/// `CU_DEVICE_ATTRIBUTE_MAX_PITCH` of current GPUs.
-const MAX_PITCH: usize = i32::MAX as usize;
+const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: i32 = 89;
+const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: i32 = 115;
 
 /// # Safety
 /// `data` has room for an int.
@@ -82,148 +83,104 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(ptr: *mut *mut c_void, len: usize) ->
     code
 }
 
-/// Frees after the whole device's work is done, as the driver synchronises.
-fn free_after_work(ptr: usize, allocated: Kind, kind: Kind) -> Result<(), CuResult> {
+/// Frees at once: the driver only says it *may* wait for the device's work
+/// first, so work still queued on the block runs on freed (or reused) memory.
+fn free_at_once(ptr: usize, allocated: Kind, kind: Kind) -> Result<(), CuResult> {
     initialized()?;
-    let device = context()?;
+    context()?;
     with_state(State::check_unsafe_call)?;
-    run_device(device);
     blocking_delay();
-    free(ptr, allocated, kind)
+    free_now(ptr, allocated, kind)
 }
 
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(ptr: u64) -> CuResult {
-    result(free_after_work(ptr as usize, Kind::Alloc, Kind::Free))
+    result(free_at_once(ptr as usize, Kind::Alloc, Kind::Free))
 }
 
 #[no_mangle]
 pub extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CuResult {
-    result(free_after_work(ptr as usize, Kind::AllocHost, Kind::FreeHost))
+    result(free_at_once(ptr as usize, Kind::AllocHost, Kind::FreeHost))
 }
 
-/// Queues copies on a stream; into pageable host memory they complete before
-/// the call returns, as the driver's "async" copies to pageable memory do.
-fn queue_copies(key: StreamKey, copies: Vec<(usize, usize, usize)>, pageable_dst: bool) -> Result<(), CuResult> {
-    with_state(|s| {
-        s.check_legacy_use(key, false)?;
-        if pageable_dst && s.queue(key).capture.is_some() {
-            return Err(CAPTURE_UNSUPPORTED);
-        }
-        s.enqueue(key, Work::Copies(copies), Vec::new())
-    })?;
-    if pageable_dst {
-        run_all_of(key);
+/// NOT_SUPPORTED on a device without memory pools.
+fn pools() -> Result<(), CuResult> {
+    if with_state(|s| s.pools) {
+        Ok(())
+    } else {
+        Err(NOT_SUPPORTED)
     }
-    Ok(())
 }
 
-fn is_pinned(address: usize) -> bool {
-    matches!(place_of(address), Some(Place::Pinned(_)))
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, len: usize, stream: usize) -> CuResult {
-    result((|| {
-        let (_, key) = stream_in_context(stream)?;
-        check_copy(dst as usize, src as usize, len, true, false)?;
-        queue_copies(key, vec![(dst as usize, src as usize, len)], !is_pinned(dst as usize))?;
-        log(Kind::CopyDeviceToHost, stream as i64, len as i64);
-        Ok(())
-    })())
-}
-
-/// Synchronous, on the legacy stream: from pageable memory, the legacy stream
-/// is synchronised, the bytes are staged, and the DMA stays queued on the
-/// legacy stream (the call returns before it lands); from pinned memory the
-/// copy is complete when the call returns.
-#[no_mangle]
-pub extern "C" fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, len: usize) -> CuResult {
-    result((|| {
-        let (_, legacy) = stream_in_context(1)?;
-        check_copy(dst as usize, src as usize, len, false, true)?;
-        with_state(|s| {
-            s.check_legacy_use(legacy, false)?;
-            s.check_unsafe_call()
-        })?;
-        run_all_of(legacy);
-        blocking_delay();
-        if is_pinned(src as usize) {
-            crate::timeline::execute(&Work::Copies(vec![(dst as usize, src as usize, len)]));
-        } else {
-            // SAFETY: `len` readable bytes of the caller's host buffer.
-            let bytes = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), len) }.to_vec();
-            with_state(|s| s.enqueue(legacy, Work::Staged { dst: dst as usize, bytes }, Vec::new()))?;
-        }
-        log(Kind::CopyHostToDevice, 0, len as i64);
-        Ok(())
-    })())
-}
-
-#[no_mangle]
-pub extern "C" fn cuMemcpyDtoDAsync_v2(dst: u64, src: u64, len: usize, stream: usize) -> CuResult {
-    result((|| {
-        let (_, key) = stream_in_context(stream)?;
-        check_copy(dst as usize, src as usize, len, true, true)?;
-        queue_copies(key, vec![(dst as usize, src as usize, len)], false)?;
-        log(Kind::CopyDeviceToDevice, stream as i64, len as i64);
-        Ok(())
-    })())
-}
-
-/// `CUDA_MEMCPY2D`.
-#[repr(C)]
-pub struct Memcpy2D {
-    src_x_in_bytes: usize,
-    src_y: usize,
-    src_memory_type: u32,
-    src_host: *const c_void,
-    src_device: u64,
-    src_array: *mut c_void,
-    src_pitch: usize,
-    dst_x_in_bytes: usize,
-    dst_y: usize,
-    dst_memory_type: u32,
-    dst_host: *mut c_void,
-    dst_device: u64,
-    dst_array: *mut c_void,
-    dst_pitch: usize,
-    width_in_bytes: usize,
-    height: usize,
-}
-
-/// `WidthInBytes` x `Height` rows at the two pitches (each at least the
-/// width and at most the device's maximum pitch), between host and device
-/// memory in any direction; rows must stay in known memory as 1-D copies do.
+/// Device memory from the device's pool, ordered on `stream` (the fake hands
+/// it out at once; dlbridge must not use it on another stream unordered,
+/// which the fake does not check).
 ///
 /// # Safety
-/// `copy` points to a readable `CUDA_MEMCPY2D`.
+/// `ptr` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpy2DAsync_v2(copy: *const Memcpy2D, stream: usize) -> CuResult {
+pub unsafe extern "C" fn cuMemAllocAsync(ptr: *mut u64, len: usize, stream: usize) -> CuResult {
     result((|| {
-        let (_, key) = stream_in_context(stream)?;
-        // SAFETY: the caller's struct.
-        let c = unsafe { &*copy };
-        let (w, h) = (c.width_in_bytes, c.height);
-        if c.src_pitch < w || c.dst_pitch < w || c.src_pitch > MAX_PITCH || c.dst_pitch > MAX_PITCH {
-            return Err(INVALID_VALUE);
-        }
-        let base = |kind: u32, host: usize, device: u64| match kind {
-            CU_MEMORYTYPE_HOST => Ok((host, false)),
-            CU_MEMORYTYPE_DEVICE | CU_MEMORYTYPE_UNIFIED => Ok((device as usize, true)),
-            _ => Err(INVALID_VALUE),
-        };
-        let (src, src_device) = base(c.src_memory_type, c.src_host as usize, c.src_device)?;
-        let (dst, dst_device) = base(c.dst_memory_type, c.dst_host as usize, c.dst_device)?;
-        let mut rows = Vec::with_capacity(h);
-        for row in 0..h {
-            let s = src + c.src_x_in_bytes + (c.src_y + row) * c.src_pitch;
-            let d = dst + c.dst_x_in_bytes + (c.dst_y + row) * c.dst_pitch;
-            check_copy(d, s, w, src_device, dst_device)?;
-            rows.push((d, s, w));
-        }
-        queue_copies(key, rows, !dst_device && !is_pinned(dst))?;
-        log(Kind::Copy2D, stream as i64, (w * h) as i64);
+        let (device, key) = stream_in_context(stream)?;
+        pools()?;
+        with_state(|s| {
+            s.check_legacy_use(key, false)?;
+            // A graph allocation is not modelled: dlbridge must not ask for one.
+            if s.queue(key).capture.is_some() {
+                return Err(capture::CAPTURE_UNSUPPORTED);
+            }
+            Ok(())
+        })?;
+        let address = allocate(len, Place::Device(device), Kind::AllocAsync)?;
+        log(Kind::AllocAsync, stream as i64, len as i64);
+        // SAFETY: the caller's out pointer.
+        unsafe { *ptr = address as u64 };
         Ok(())
     })())
 }
+
+/// Frees device memory when `stream` reaches the free: work queued before it
+/// on that stream (or that the stream waits for) still sees the block.
+#[no_mangle]
+pub extern "C" fn cuMemFreeAsync(ptr: u64, stream: usize) -> CuResult {
+    result((|| {
+        let (_, key) = stream_in_context(stream)?;
+        pools()?;
+        with_state(|s| {
+            s.check_legacy_use(key, false)?;
+            if s.queue(key).capture.is_some() {
+                return Err(capture::CAPTURE_UNSUPPORTED);
+            }
+            Ok(())
+        })?;
+        let (size, place) = free_later(ptr as usize, Kind::Alloc)?;
+        with_state(|s| s.enqueue(key, Work::Release { ptr: ptr as usize, size, place }, Vec::new()))?;
+        log(Kind::FreeAsync, ptr as i64, stream as i64);
+        Ok(())
+    })())
+}
+
+/// The attributes dlbridge asks about: memory pools (as set by
+/// [`fake_cuda_set_memory_pools`](crate::blocks::fake_cuda_set_memory_pools))
+/// and concurrent managed access; INVALID_VALUE for the others.
+///
+/// # Safety
+/// `value` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut i32, attribute: i32, device: i32) -> CuResult {
+    result((|| {
+        initialized()?;
+        if !(0..DEVICES).contains(&i64::from(device)) {
+            return Err(INVALID_DEVICE);
+        }
+        let answer = match attribute {
+            CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED => i32::from(with_state(|s| s.pools)),
+            CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS => 1,
+            _ => return Err(INVALID_VALUE),
+        };
+        // SAFETY: the caller's out value.
+        unsafe { *value = answer };
+        Ok(())
+    })())
+}
+

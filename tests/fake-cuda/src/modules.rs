@@ -14,93 +14,17 @@
 
 use std::ffi::{c_char, c_void, CStr};
 
+use crate::blocks::range_of;
 use crate::driver::stream_in_context;
+use crate::kernels::{Known, Param, KNOWN};
+use crate::ptx::{compile, invalid, JitError};
 use crate::timeline::Work;
 use crate::*;
 
-const INVALID_PTX: CuResult = 218;
-const UNSUPPORTED_PTX_VERSION: CuResult = 222;
 const NOT_FOUND: CuResult = 500;
 const ILLEGAL_ADDRESS: CuResult = 700;
-const NOT_SUPPORTED: CuResult = 801;
-/// The newest PTX ISA a CUDA 13.0 driver (the lent GPU machines' 580) loads.
-const NEWEST_ISA: (u32, u32) = (9, 0);
 /// Module and function handles start here, far from streams and events.
 const FIRST_MODULE: usize = 0x6d00_0000;
-
-/// A kernel parameter's PTX type, by its size.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Param {
-    U64,
-    F32,
-    Other(usize),
-}
-
-impl Param {
-    fn parse(ty: &str) -> Param {
-        match ty {
-            ".u64" | ".s64" | ".b64" => Param::U64,
-            ".f32" => Param::F32,
-            ".u32" | ".s32" | ".b32" => Param::Other(4),
-            ".f64" => Param::Other(8),
-            ".u16" | ".s16" | ".b16" | ".f16" => Param::Other(2),
-            _ => Param::Other(1),
-        }
-    }
-
-    fn size(self) -> usize {
-        match self {
-            Param::U64 => 8,
-            Param::F32 => 4,
-            Param::Other(n) => n,
-        }
-    }
-}
-
-/// A kernel the fake can run: its entry name, parameters, and what it does.
-pub(crate) struct Known {
-    name: &'static str,
-    params: &'static [Param],
-    /// The bytes it reads and writes, from its parameters: `(address, len)`.
-    touches: fn(&[u8]) -> Vec<(usize, usize)>,
-    /// Runs the whole grid, from its parameters and the grid's total x threads.
-    run: fn(&[u8], u64),
-}
-
-fn u64_at(params: &[u8], index: usize) -> u64 {
-    u64::from_ne_bytes(params[index * 8..index * 8 + 8].try_into().unwrap_or_default())
-}
-
-fn f32_at(params: &[u8], offset: usize) -> f32 {
-    f32::from_ne_bytes(params[offset..offset + 4].try_into().unwrap_or_default())
-}
-
-/// examples/cuda_kernel's `scale_f32(const float* x, float* out, u64 n, float factor)`:
-/// `out[i] = x[i] * factor` for `i < n`, by a grid-stride loop over `threads`.
-fn scale_f32_touches(p: &[u8]) -> Vec<(usize, usize)> {
-    let n = u64_at(p, 2) as usize;
-    vec![(u64_at(p, 0) as usize, n.saturating_mul(4)), (u64_at(p, 1) as usize, n.saturating_mul(4))]
-}
-
-fn scale_f32_run(p: &[u8], threads: u64) {
-    let (x, out, n, factor) = (u64_at(p, 0) as *const f32, u64_at(p, 1) as *mut f32, u64_at(p, 2), f32_at(p, 24));
-    for thread in 0..threads {
-        let mut i = thread;
-        while i < n {
-            // SAFETY: checked at the launch to be memory of the device (see `touches`),
-            // which stays allocated until the work has run.
-            unsafe { out.add(i as usize).write_unaligned(x.add(i as usize).read_unaligned() * factor) };
-            i += threads;
-        }
-    }
-}
-
-pub(crate) const KNOWN: &[Known] = &[Known {
-    name: "scale_f32",
-    params: &[Param::U64, Param::U64, Param::U64, Param::F32],
-    touches: scale_f32_touches,
-    run: scale_f32_run,
-}];
 
 /// A loaded module.
 pub(crate) struct Module {
@@ -130,40 +54,11 @@ impl Launch {
     pub(crate) fn run(&self) {
         (self.known.run)(&self.params, self.threads);
     }
-}
 
-/// `.version X.Y` of PTX text.
-fn isa_version(ptx: &str) -> Option<(u32, u32)> {
-    let line = ptx.lines().map(str::trim).find(|l| l.starts_with(".version"))?;
-    let (major, minor) = line.strip_prefix(".version")?.trim().split_once('.')?;
-    Some((major.parse().ok()?, minor.parse().ok()?))
-}
-
-/// The `.entry` kernels of PTX text with their parameter types, or INVALID_PTX.
-fn entries(ptx: &str) -> Result<Vec<(String, Vec<Param>)>, CuResult> {
-    if !ptx.lines().any(|l| l.trim_start().starts_with(".target")) {
-        return Err(INVALID_PTX);
+    /// The bytes the kernel reads and writes.
+    pub(crate) fn touches(&self) -> Vec<(usize, usize)> {
+        (self.known.touches)(&self.params)
     }
-    let mut out = Vec::new();
-    let mut rest = ptx;
-    while let Some(at) = rest.find(".entry ") {
-        rest = &rest[at + ".entry ".len()..];
-        let open = rest.find('(').ok_or(INVALID_PTX)?;
-        let close = rest.find(')').ok_or(INVALID_PTX)?;
-        let name = rest[..open].trim();
-        if name.is_empty() || close < open {
-            return Err(INVALID_PTX);
-        }
-        let params = rest[open + 1..close]
-            .split(',')
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .map(|p| p.split_whitespace().nth(1).map(Param::parse).ok_or(INVALID_PTX))
-            .collect::<Result<Vec<_>, _>>()?;
-        out.push((name.to_owned(), params));
-        rest = &rest[close..];
-    }
-    Ok(out)
 }
 
 fn new_handle(s: &mut State) -> usize {
@@ -172,43 +67,97 @@ fn new_handle(s: &mut State) -> usize {
     handle
 }
 
-/// Loads PTX text (a NUL-terminated string): INVALID_PTX for what is no PTX,
-/// UNSUPPORTED_PTX_VERSION for an ISA newer than 9.0, INVALID_PTX for a kernel
-/// the fake knows whose parameters differ from its model.
+/// Loads PTX text (a NUL-terminated string) into the current context, or
+/// fails with what the JIT's log would say.
+///
+/// # Safety
+/// `image` is a NUL-terminated string.
+unsafe fn load(image: *const c_void) -> Result<usize, JitError> {
+    let quiet = |code| (code, String::new());
+    initialized().map_err(quiet)?;
+    let device = context().map_err(quiet)?;
+    with_state(State::check_unsafe_call).map_err(quiet)?;
+    // SAFETY: the caller's NUL-terminated text.
+    let text = unsafe { CStr::from_ptr(image.cast::<c_char>()) }.to_str().map_err(|_| invalid("the image is not UTF-8 text"))?;
+    let entries = compile(text)?;
+    blocking_delay();
+    let count = entries.len() as i64;
+    let handle = with_state(|s| {
+        let handle = new_handle(s);
+        s.modules.insert(handle, Module { device, entries });
+        handle
+    });
+    log(Kind::ModuleLoad, handle as i64, count);
+    Ok(handle)
+}
+
+/// Loads PTX text: INVALID_PTX for what is no PTX, UNSUPPORTED_PTX_VERSION
+/// for an ISA newer than 9.0, INVALID_PTX for a kernel the fake knows whose
+/// parameters differ from its model.
 ///
 /// # Safety
 /// `module` is writable; `image` is a NUL-terminated string (a cubin would
 /// be read by its headers' lengths, which the fake does not model).
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut usize, image: *const c_void) -> CuResult {
-    result((|| {
-        initialized()?;
-        let device = context()?;
-        with_state(State::check_unsafe_call)?;
-        // SAFETY: the caller's NUL-terminated text.
-        let text = unsafe { CStr::from_ptr(image.cast::<c_char>()) }.to_str().map_err(|_| INVALID_PTX)?;
-        let version = isa_version(text).ok_or(INVALID_PTX)?;
-        if version > NEWEST_ISA {
-            return Err(UNSUPPORTED_PTX_VERSION);
+    // SAFETY: forwarded from the caller.
+    match unsafe { load(image) } {
+        Ok(handle) => {
+            // SAFETY: the caller's out value.
+            unsafe { *module = handle };
+            SUCCESS
         }
-        let entries = entries(text)?;
-        for (name, params) in &entries {
-            if KNOWN.iter().any(|k| k.name == name && k.params != params.as_slice()) {
-                return Err(INVALID_PTX);
+        Err((code, _)) => code,
+    }
+}
+
+/// `CU_JIT_ERROR_LOG_BUFFER` and `CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES`.
+const JIT_ERROR_LOG_BUFFER: u32 = 5;
+const JIT_ERROR_LOG_BUFFER_SIZE_BYTES: u32 = 6;
+
+/// [`cuModuleLoadData`] with JIT options: the error log is written to
+/// `CU_JIT_ERROR_LOG_BUFFER` (NUL-terminated, cut to the size given with
+/// `CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES`, which is set to the bytes written);
+/// other options are ignored.
+///
+/// # Safety
+/// As [`cuModuleLoadData`]; `options` and `values` hold `count` entries, and a
+/// log buffer holds as many bytes as its size option says.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadDataEx(module: *mut usize, image: *const c_void, count: u32, options: *const u32, values: *mut *mut c_void) -> CuResult {
+    let (mut buffer, mut size_slot) = (None, None);
+    for i in 0..count as usize {
+        // SAFETY: the caller's arrays of `count` entries.
+        match unsafe { *options.add(i) } {
+            JIT_ERROR_LOG_BUFFER => buffer = Some(unsafe { *values.add(i) }.cast::<u8>()),
+            // SAFETY: as above; the slot holds the size as an integer.
+            JIT_ERROR_LOG_BUFFER_SIZE_BYTES => size_slot = Some(unsafe { values.add(i) }),
+            _ => {}
+        }
+    }
+    // SAFETY: forwarded from the caller.
+    match unsafe { load(image) } {
+        Ok(handle) => {
+            // SAFETY: the caller's out value.
+            unsafe { *module = handle };
+            SUCCESS
+        }
+        Err((code, message)) => {
+            if let (Some(buffer), Some(slot)) = (buffer, size_slot) {
+                // SAFETY: the caller's slot and buffer of that many bytes.
+                unsafe {
+                    let room = *slot as usize;
+                    let n = message.len().min(room.saturating_sub(1));
+                    if room > 0 && !buffer.is_null() {
+                        std::ptr::copy_nonoverlapping(message.as_ptr(), buffer, n);
+                        *buffer.add(n) = 0;
+                    }
+                    *slot = std::ptr::without_provenance_mut(n);
+                }
             }
+            code
         }
-        blocking_delay();
-        let count = entries.len() as i64;
-        let handle = with_state(|s| {
-            let handle = new_handle(s);
-            s.modules.insert(handle, Module { device, entries });
-            handle
-        });
-        log(Kind::ModuleLoad, handle as i64, count);
-        // SAFETY: the caller's out value.
-        unsafe { *module = handle };
-        Ok(())
-    })())
+    }
 }
 
 /// # Safety
@@ -238,6 +187,44 @@ pub unsafe extern "C" fn cuModuleGetFunction(function: *mut usize, module: usize
         unsafe { *function = handle };
         Ok(())
     })())
+}
+
+/// The offset and size of parameter `index` of a kernel, as the driver lays
+/// them out (each at a multiple of its size), CUDA 12.4's `cuFuncGetParamInfo`;
+/// INVALID_VALUE past the last. NOT_SUPPORTED when a test turned it off, as
+/// for drivers that lack it.
+///
+/// # Safety
+/// `offset` and `size` are writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetParamInfo(function: usize, index: usize, offset: *mut usize, size: *mut usize) -> CuResult {
+    result((|| {
+        initialized()?;
+        let params = with_state(|s| {
+            if !s.param_info {
+                return Err(NOT_SUPPORTED);
+            }
+            note_stale(s, function);
+            s.functions.get(&function).map(|f| f.params.clone()).ok_or(INVALID_HANDLE)
+        })?;
+        let mut at = 0usize;
+        for (i, p) in params.iter().enumerate() {
+            at = at.next_multiple_of(p.size());
+            if i == index {
+                // SAFETY: the caller's out values.
+                unsafe { (*offset, *size) = (at, p.size()) };
+                return Ok(());
+            }
+            at += p.size();
+        }
+        Err(INVALID_VALUE)
+    })())
+}
+
+/// Makes `cuFuncGetParamInfo` answer (the default) or not.
+#[no_mangle]
+pub extern "C" fn fake_cuda_set_param_info(supported: bool) {
+    with_state(|s| s.param_info = supported);
 }
 
 /// Unloads a module; its functions are dead handles from then on (launches
@@ -365,21 +352,4 @@ fn note_stale(s: &mut State, handle: usize) {
 #[no_mangle]
 pub extern "C" fn fake_cuda_stale_handle_uses() -> usize {
     with_state(|s| s.stale_handle_uses)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn entries_and_versions_of_ptx() {
-        let ptx = ".version 7.0\n.target sm_75\n.visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .f32 k_param_1\n)\n{ ret; }\n\
-                   .visible .entry none()\n{ ret; }\n";
-        assert_eq!(isa_version(ptx), Some((7, 0)));
-        assert_eq!(entries(ptx), Ok(vec![("k".to_owned(), vec![Param::U64, Param::F32]), ("none".to_owned(), vec![])]));
-        assert_eq!(entries(".version 7.0\n"), Err(INVALID_PTX), "no .target");
-        let shipped = include_str!("../../../examples/cuda_kernel/kernels/scale.ptx");
-        assert!(isa_version(shipped).is_some_and(|v| v <= NEWEST_ISA));
-        assert_eq!(entries(shipped), Ok(vec![("scale_f32".to_owned(), KNOWN[0].params.to_vec())]));
-    }
 }

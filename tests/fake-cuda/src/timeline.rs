@@ -44,6 +44,21 @@ pub(crate) enum Work {
     Host { func: HostFn, arg: usize },
     /// A kernel launched with `cuLaunchKernel` (see `modules.rs`).
     Kernel(crate::modules::Launch),
+    /// A stream-ordered free (`cuMemFreeAsync`): the block is free from here on.
+    Release { ptr: usize, size: usize, place: Place },
+}
+
+impl Work {
+    /// The bytes it reads or writes: `(address, len)`.
+    fn touches(&self) -> Vec<(usize, usize)> {
+        match self {
+            Work::Nothing | Work::Host { .. } | Work::Release { .. } => Vec::new(),
+            Work::Copies(copies) => copies.iter().flat_map(|&(dst, src, len)| [(dst, len), (src, len)]).collect(),
+            Work::Staged { dst, bytes } => vec![(*dst, bytes.len())],
+            Work::Fill { dst, count, .. } => vec![(*dst, count.saturating_mul(4))],
+            Work::Kernel(launch) => launch.touches(),
+        }
+    }
 }
 
 struct Op {
@@ -112,15 +127,23 @@ impl State {
 
     /// The queue a stream handle names, with this thread's context current:
     /// 1 (and NULL) the legacy stream, 2 this thread's per-thread stream, else
-    /// a live stream a test created for this device (INVALID_HANDLE otherwise).
+    /// a live stream a test created for this device (INVALID_HANDLE otherwise:
+    /// a driver would dereference it).
     pub(crate) fn resolve(&mut self, handle: usize, device: i64) -> Result<StreamKey, CuResult> {
+        match self.resolve_any(handle, device)? {
+            key if key.device == device => Ok(key),
+            _ => Err(INVALID_HANDLE),
+        }
+    }
+
+    /// [`resolve`](Self::resolve), where a created stream of another device
+    /// will do: a created stream carries its own context, so that a stream may
+    /// wait for an event whatever context is current.
+    pub(crate) fn resolve_any(&mut self, handle: usize, device: i64) -> Result<StreamKey, CuResult> {
         let lane = match handle {
             0 | 1 => Lane::Legacy,
             2 => Lane::PerThread(thread_id()),
-            _ => match self.handles.get(&handle) {
-                Some(Some(key)) if key.device == device => return Ok(*key),
-                _ => return Err(INVALID_HANDLE),
-            },
+            _ => return self.handles.get(&handle).copied().flatten().ok_or(INVALID_HANDLE),
         };
         Ok(StreamKey { device, lane })
     }
@@ -155,7 +178,7 @@ impl State {
             }
             if let Some(op) = q.pending.pop_front() {
                 q.done += 1;
-                execute(&op.work);
+                self.execute(&op.work);
             }
         }
         Step::Done
@@ -169,29 +192,38 @@ enum Step {
     Host(StreamKey, HostFn, usize),
 }
 
-/// Carries out one op's work on the memory.
-pub(crate) fn execute(work: &Work) {
-    match work {
-        Work::Nothing | Work::Host { .. } => {}
-        Work::Copies(copies) => {
-            for &(dst, src, len) in copies {
-                // SAFETY: checked against known memory when queued; `cuMemFree`
-                // completes all work first, and tests keep registered memory
-                // alive until `fake_cuda_forget_registered` has run everything.
-                unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
+impl State {
+    /// Carries out one op's work on the memory, counting each op that touches
+    /// a freed block (which it still writes: on a GPU that block may belong to
+    /// another allocation by then).
+    pub(crate) fn execute(&mut self, work: &Work) {
+        if work.touches().iter().any(|&(start, len)| self.touches_freed(start, len)) {
+            self.uses_after_free += 1;
+        }
+        match work {
+            Work::Nothing | Work::Host { .. } => {}
+            Work::Release { ptr, size, place } => self.release(*ptr, *size, *place),
+            Work::Copies(copies) => {
+                for &(dst, src, len) in copies {
+                    // SAFETY: checked against known memory when queued; a freed
+                    // block is never returned to the host allocator, and tests
+                    // keep registered memory alive until `fake_cuda_forget_registered`
+                    // has run everything.
+                    unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) };
+                }
             }
-        }
-        Work::Staged { dst, bytes } => {
-            // SAFETY: as above, for the destination.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), *dst as *mut u8, bytes.len()) };
-        }
-        Work::Fill { dst, count, value } => {
-            for i in 0..*count {
-                // SAFETY: as above.
-                unsafe { (*dst as *mut f32).add(i).write_unaligned(*value) };
+            Work::Staged { dst, bytes } => {
+                // SAFETY: as above, for the destination.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), *dst as *mut u8, bytes.len()) };
             }
+            Work::Fill { dst, count, value } => {
+                for i in 0..*count {
+                    // SAFETY: as above.
+                    unsafe { (*dst as *mut f32).add(i).write_unaligned(*value) };
+                }
+            }
+            Work::Kernel(launch) => launch.run(),
         }
-        Work::Kernel(launch) => launch.run(),
     }
 }
 
@@ -222,7 +254,7 @@ pub(crate) fn run_all_of(key: StreamKey) {
     run_to(key, target);
 }
 
-/// Completes everything queued on `device` (what `cuMemFree` waits for).
+/// Completes everything queued on `device` (what `cuCtxSynchronize` waits for).
 pub(crate) fn run_device(device: i64) {
     let keys: Vec<StreamKey> = with_state(|s| s.queues.keys().copied().filter(|k| k.device == device).collect());
     for key in keys {

@@ -17,16 +17,18 @@ _DRIVER = None
 
 @pytest.fixture
 def driver():
-    """The fake, with an empty log; afterwards no context may be left pushed, no event alive, and
-    every allocation the test caused must have been given back. All queued work is completed before
-    the memory tests registered is forgotten (and may go away)."""
+    """The fake, with an empty log; afterwards no context may be left pushed, no event alive, no op
+    may have run on freed memory, and every allocation the test caused must have been given back
+    (once dlbridge's release thread has freed what waits for the GPU). All queued work is completed
+    before the memory tests registered is forgotten (and may go away)."""
     global _DRIVER
     if _DRIVER is None:
         from fake_cuda import FakeDriver
 
         _DRIVER = FakeDriver()
     gc.collect()
-    allocations = _DRIVER.live_allocations()
+    allocations = _DRIVER.live_ours()[0]
+    uses = _DRIVER.uses_after_free()
     _DRIVER.clear()
     yield _DRIVER
     _DRIVER.strict_pointer_queries(False)
@@ -34,6 +36,7 @@ def driver():
     gc.collect()
     _DRIVER.run_all()
     assert _DRIVER.context_depth() == 0, "a context pushed and never popped"
-    assert _DRIVER.live_events() == 0, "an event never destroyed"
-    assert _DRIVER.live_allocations() == allocations, "device or pinned memory never freed"
+    assert _DRIVER.settle(lambda: _DRIVER.live_ours()[0], allocations) == allocations, "device or pinned memory never freed"
+    assert _DRIVER.live_ours()[1] == 0, "an event never destroyed"
+    assert _DRIVER.uses_after_free() == uses, "work ran on memory after it was freed"
     _DRIVER.forget_registered()

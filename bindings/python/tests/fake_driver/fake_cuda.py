@@ -16,14 +16,14 @@ from producers import labelled
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_fresh(code, *, hang=None, timeout=60):
+def run_fresh(code, *, hang=None, timeout=60, env=None):
     """Runs `code` in a new Python process with the same fake driver (whose counters start at zero
     there), the fake-driver helpers importable; returns what it printed. `hang` is the failure to
     report if it does not finish within `timeout` seconds (a deadlock, for the tests that set it)."""
     prelude = f"import sys\nsys.path[:0] = {[HERE, os.path.dirname(HERE)]!r}\n"
     try:
         result = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True,
-                                text=True, env=os.environ, timeout=timeout)
+                                text=True, env=env or os.environ, timeout=timeout)
     except subprocess.TimeoutExpired:
         if hang is None:
             raise
@@ -36,7 +36,10 @@ def run_fresh(code, *, hang=None, timeout=60):
 
 KINDS = {1: "create", 2: "record", 3: "wait", 4: "destroy", 5: "sync", 6: "dtoh", 7: "htod", 8: "dtod",
          9: "alloc", 10: "free", 11: "alloc_host", 12: "free_host", 13: "pointer", 14: "alloc_managed",
-         15: "event_sync", 16: "copy2d", 17: "module_load", 18: "get_function", 19: "launch", 20: "module_unload"}
+         15: "event_sync", 16: "copy2d", 17: "module_load", 18: "get_function", 19: "launch", 20: "module_unload",
+         21: "alloc_async", 22: "free_async"}
+ALLOCS = ("alloc", "alloc_async")  # device memory, from cuMemAlloc or the pool
+FREES = ("free", "free_async")
 CU_EVENT_DISABLE_TIMING = 2
 MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
 HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -58,8 +61,13 @@ class FakeDriver:
         lib.fake_cuda_set_strict_pointer_queries.argtypes = [ctypes.c_bool]
         lib.fake_cuda_set_sync_delay_ms.argtypes = [u64]
         lib.fake_cuda_set_unload_delay_ms.argtypes = [u64]
-        for name in ("log_len", "live_events", "live_allocations", "live_modules", "context_depth", "stale_handle_uses"):
+        for name in ("log_len", "live_events", "live_allocations", "live_modules", "context_depth", "stale_handle_uses",
+                     "uses_after_free"):
             getattr(lib, f"fake_cuda_{name}").restype = sz
+        lib.fake_cuda_set_memory_pools.argtypes = [ctypes.c_bool]
+        lib.fake_cuda_set_param_info.argtypes = [ctypes.c_bool]
+        lib.fake_cuda_thread_capture_mode.restype = ctypes.c_uint32
+        lib.fake_cuda_set_thread_capture_mode.argtypes = [ctypes.c_uint32]
         lib.fake_cuda_stream_create.argtypes = [i64, ctypes.c_bool]
         lib.fake_cuda_stream_create.restype = sz
         lib.fake_cuda_stream_destroy.argtypes = [sz]
@@ -127,6 +135,50 @@ class FakeDriver:
 
     def live_modules(self):
         return self.lib.fake_cuda_live_modules()
+
+    def live_ours(self):
+        """Live allocations and events, less the pinned staging buffers that host-to-device copies
+        keep for the process and the events kept for them (dlbridge says how many)."""
+        from dlbridge import _native
+
+        buffers, events = _native._cuda_staging()
+        return self.live_allocations() - buffers, self.live_events() - events
+
+    def uses_after_free(self):
+        """How many ops ran on freed memory before it was handed out again."""
+        return self.lib.fake_cuda_uses_after_free()
+
+    def memory_pools(self, supported):
+        """Whether devices report memory pools; dlbridge reads it once per device and process."""
+        self.lib.fake_cuda_set_memory_pools(supported)
+
+    def param_info(self, supported):
+        """Whether cuFuncGetParamInfo answers (CUDA 12.4 and later) or not."""
+        self.lib.fake_cuda_set_param_info(supported)
+
+    def capture_mode(self):
+        """This thread's capture mode, by name."""
+        return {v: k for k, v in MODES.items()}[self.lib.fake_cuda_thread_capture_mode()]
+
+    def set_capture_mode(self, mode):
+        self.lib.fake_cuda_set_thread_capture_mode(MODES[mode])
+
+    def settle(self, live, target=None, timeout=10.0):
+        """`live()` (a count of allocations) once it reaches `target`, or stops falling: frees that
+        dlbridge's release thread carries out finish after the call that dropped the memory."""
+        import time
+
+        deadline, last = time.monotonic() + timeout, live()
+        while time.monotonic() < deadline and last != target:
+            self.run_all()
+            time.sleep(0.02)
+            now = live()
+            if now == last and target is None:
+                time.sleep(0.05)
+                if live() == now:
+                    return now
+            last = now
+        return live()
 
     def context_depth(self):
         return self.lib.fake_cuda_context_depth()

@@ -1,7 +1,9 @@
 """M2: blocking driver calls run without the GIL. With every blocking call of the fake slowed to
-0.3 s, another Python thread must keep running during each of dlbridge's blocking operations; and a
-host function queued on a stream, which needs the GIL on the driver's thread, must not deadlock a
-host wait that depends on it (CuPy's `launch_host_func`, numba's `add_callback`)."""
+0.3 s, another Python thread must keep running during each of dlbridge's blocking operations (the
+driver's start-up and the first retain of a context too, in a fresh process); a host function queued
+on a stream, which needs the GIL on the driver's thread, must not deadlock a host wait that depends
+on it (CuPy's `launch_host_func`, numba's `add_callback`); and the hook that releases the GIL must
+leave alone a thread that does not hold it (a Rust thread of an extension)."""
 
 import gc
 import textwrap
@@ -51,33 +53,45 @@ def share_of_time_the_counter_ran(counter, operation):
     return (counter.count - before) / (counter.rate * elapsed)
 
 
-def operations(driver):
+def operations(driver, counter):
     device = lambda: dlbridge.from_dlpack(DunderProducer(make=lambda: driver.device_fake([1.0, 2.0], (2,))))
     S = driver.stream()
     managed = StreamProducer(driver, driver.device_array(2, (13, 0)), S, device=(13, 0))
-    copy = [dlbridge.from_dlpack(np.arange(2.0), device=(2, 0))]
-
-    def free():
-        del copy[0]
-        gc.collect()
-
+    # Larger than the staging buffers (4 x 8 MiB): the copy waits for the DMA of its first pieces.
+    large = np.ones(40 << 18, dtype=np.float32)
     return {
         "device to host": lambda: dlbridge.from_dlpack(device(), device="cpu"),
         "managed memory read on the host": lambda: np.asarray(dlbridge.from_dlpack(managed, stream=S)),
-        "host to device": lambda: dlbridge.from_dlpack(np.arange(2.0), device=(2, 0)),
+        "host to device larger than the staging buffers": lambda: dlbridge.from_dlpack(large, device=(2, 0)),
         "pinned allocation": lambda: dlbridge.from_dlpack(np.arange(2.0), device=(3, 0)),
-        "free in a deleter": free,
     }
 
 
-@pytest.mark.parametrize("name", ["device to host", "managed memory read on the host", "host to device",
-                                  "pinned allocation", "free in a deleter"])
+@pytest.mark.parametrize("name", ["device to host", "managed memory read on the host",
+                                  "host to device larger than the staging buffers", "pinned allocation"])
 def test_other_threads_run_while_dlbridge_waits_for_the_gpu(driver, counter, name):
-    operation = operations(driver)[name]
+    operation = operations(driver, counter)[name]
     driver.sync_delay(DELAY_MS)
     share = share_of_time_the_counter_ran(counter, operation)
     driver.sync_delay(0)
     assert share > 0.3, f"{name}: another thread ran {share:.0%} of the time: the GIL was held while the driver blocked"
+
+
+def test_the_host_wait_for_a_capturing_consumer_lets_other_threads_run(driver, counter):
+    """M14: a consumer stream that captures a graph cannot wait for an event recorded outside it, so
+    the host waits for it; without the GIL, as any blocking call."""
+    t = dlbridge.from_dlpack(np.arange(4.0, dtype=np.float32), device=(2, 0))  # pending on the legacy stream
+    C = driver.stream()
+    driver.begin_capture(C, "global")
+    try:
+        driver.sync_delay(DELAY_MS)
+        share = share_of_time_the_counter_ran(counter, lambda: t.__dlpack__(stream=C, max_version=(1, 3)))
+        driver.sync_delay(0)
+        assert [r[0] for r in driver.log() if r[0] == "event_sync"] == ["event_sync"]
+        assert driver.capture_status(C) == "active"
+    finally:
+        driver.end_capture(C)
+    assert share > 0.3, f"another thread ran {share:.0%} of the time: the GIL was held during the host wait"
 
 
 def test_a_host_wait_behind_a_host_function_that_needs_the_gil_does_not_deadlock():
@@ -98,3 +112,54 @@ def test_a_host_wait_behind_a_host_function_that_needs_the_gil_does_not_deadlock
         print("done")
     """)
     assert "done" in run_fresh(code, hang="deadlock: dlbridge waited for the stream with the GIL held, which the host function needs")
+
+
+def test_the_driver_starts_and_a_context_is_retained_without_the_gil():
+    """C5: loading the driver (cuInit, 0.6 s here) and the first retain of a device's primary context
+    (creating it, 0.6 s here) happen once per process; other threads run meanwhile."""
+    code = textwrap.dedent("""
+        import os, threading, time
+        import numpy as np
+        counter = {"n": 0, "stop": False}
+        def count():
+            while not counter["stop"]:
+                counter["n"] += 1
+        thread = threading.Thread(target=count, daemon=True)
+        thread.start()
+        time.sleep(0.1)
+        start_n = counter["n"]
+        time.sleep(0.2)
+        rate = (counter["n"] - start_n) / 0.2
+        import dlbridge
+        from fake_cuda import FakeDriver
+        driver = FakeDriver()  # loads the library (ctypes), without cuInit
+        driver.sync_delay(600)  # the retain that creates the context
+        before, start = counter["n"], time.monotonic()
+        t = dlbridge.from_dlpack(np.arange(3.0), device=(2, 0))
+        elapsed = time.monotonic() - start
+        driver.sync_delay(0)
+        share = (counter["n"] - before) / (rate * elapsed)
+        counter["stop"] = True
+        assert elapsed > 1.0, f"start-up took {elapsed:.2f} s: the delays did not apply"
+        assert share > 0.3, f"another thread ran {share:.0%} of the time while the driver started"
+        print("done", round(share, 2))
+    """)
+    import os
+
+    out = run_fresh(code, env={**os.environ, "FAKE_CUDA_INIT_DELAY_MS": "600"})
+    assert "done" in out, out
+
+
+def test_a_thread_without_the_gil_runs_blocking_calls_as_they_are():
+    """M7: a Rust thread that never held the GIL copies to the host (a blocking call, through the
+    hook that releases the GIL where it is held): detaching there would abort the interpreter."""
+    code = textwrap.dedent("""
+        import dlbridge
+        from dlbridge import _native
+        from fake_cuda import FakeDriver
+        driver = FakeDriver()
+        t = driver.device_fake([1.0, 2.0, 3.0], (3,))
+        assert _native._cuda_to_host_on_rust_thread(t.capsule()) == [1.0, 2.0, 3.0]
+        print("done")
+    """)
+    assert "done" in run_fresh(code)

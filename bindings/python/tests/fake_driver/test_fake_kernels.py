@@ -7,6 +7,7 @@ that were there, and a reader that does not wait for the launch reads the zeros 
 import gc
 import textwrap
 
+import numpy as np
 import pytest
 
 import cuda_kernel  # examples/cuda_kernel, which ./dev builds into the venv
@@ -26,6 +27,8 @@ def busy(driver, stream, device=(2, 0), value=VALUE, count=N):
 
 
 def rows(driver, *kinds):
+    """The log's rows of these kinds ("alloc" stands for both kinds of device allocation)."""
+    kinds = kinds + (("alloc_async",) if "alloc" in kinds else ())
     return [r for r in driver.log() if r[0] in kinds]
 
 
@@ -42,11 +45,13 @@ def test_scale_runs_after_the_producers_work_and_its_result_is_ready_on_that_str
     assert isinstance(r, dlbridge.Tensor) and r.device == (2, 0) and r.shape == (N,) and r.dtype == "float32"
     assert r._writability == "writable" and not r.readonly, "fresh memory the caller owns"
     no_host_sync(driver)
-    calls = [(k, a if k in ("launch", "wait") else b if k == "record" else None)
+    calls = [(k, a if k in ("launch", "wait", "alloc_async") else b if k == "record" else None)
              for k, a, b, _ in driver.log() if k not in ("module_load", "get_function")]  # loaded once per process
-    assert calls == [("alloc", None), ("launch", P), ("create", None), ("record", P), ("wait", 1), ("destroy", None)], (
-        "the result's memory, the launch on P, an event recorded after it; handed to dlbridge.Tensor, the legacy "
-        f"stream waits for that event, which is then released: {driver.log()}")
+    assert calls == [("alloc_async", P), ("launch", P), ("create", None), ("record", P), ("create", None), ("record", P),
+                     ("wait", 1), ("destroy", None)], (
+        "the result's memory from the pool on P, the launch on P, an event recorded after it for the free to wait "
+        "for; handed to dlbridge.Tensor, another event, which the legacy stream waits for and is then released: "
+        f"{driver.log()}")
     assert driver.pending(P) == 2, "the producer's kernel and the launch wait on P: nothing ran on the host's behalf"
     assert driver.peek(r.data_ptr, N) == [0.0] * N, "fresh memory, not yet written"
     r.__dlpack__(stream=C, max_version=(1, 3))
@@ -125,22 +130,33 @@ def test_many_elements_are_covered_by_the_grid_stride_loop(driver):
     assert a[0] == 3.0 and a[-1] == 3.0 and (a == 3.0).all()
 
 
-def test_the_result_is_freed_after_the_kernel_ran(driver):
-    P = driver.stream()
-    x, _ = table_producer(work_stream=P, make=lambda: driver.over(busy(driver, P)))
+def test_the_result_is_freed_after_the_kernel_ran_without_a_host_wait(driver):
+    """Dropped while its kernel is still queued on P: the free is queued on the legacy stream after a
+    wait for the event recorded after the kernel; when the legacy stream reaches it, the block goes
+    back to the pool, and the next allocation that reuses it sees nothing of the kernel."""
+    P, n = driver.stream(), 4099  # a size no other freed block has: the pool's reuse is then predictable
+    x, _ = table_producer(work_stream=P, make=lambda: driver.over(busy(driver, P, count=n)))
     before = driver.live_allocations()
     r = cuda_kernel.scale(x, 2.0)
+    address = r.data_ptr
     assert driver.live_allocations() == before + 1
     driver.clear()
     del r
     gc.collect()
     assert driver.live_allocations() == before
-    assert driver.pending(P) == 0, "cuMemFree waited for the device's work, the launch included"
-    assert driver.kinds()[-1] == "free", driver.log()
+    log = driver.log()
+    assert not rows(driver, "sync", "event_sync"), f"a host wait: {log}"
+    assert [(k, a) for k, a, _, _ in log if k in ("wait", "free_async")] == [("wait", 1), ("free_async", address)], log
+    assert driver.pending(P) == 2, "the producer's fill and the kernel are still queued"
+    driver.run(1)  # the legacy stream reaches the free, after P's kernel
+    reused = dlbridge.from_dlpack(np.full(n, 5.0, dtype=np.float32), device=(2, 0))
+    assert reused.data_ptr == address, "the pool hands the block out again"
+    driver.run_all()
+    assert (np.from_dlpack(dlbridge.from_dlpack(reused, device="cpu")) == 5.0).all(), "the kernel wrote the block after its free"
 
 
 def test_empty_tensors_launch_nothing(driver):
-    empty, _ = table_producer(make=lambda: driver.over(driver.device_array(0)))
+    empty, _ = table_producer(work_stream=driver.stream(), make=lambda: driver.over(driver.device_array(0)))
     driver.clear()
     r = cuda_kernel.scale(empty, 2.0)
     cuda_kernel.scale_(empty, 2.0)
@@ -184,9 +200,9 @@ def test_a_result_too_large_for_the_device_is_a_memory_error(driver):
     """The fake's devices hold 1 GiB; the argument claims 4 GiB (its memory is never touched)."""
     big = driver.over(driver.device_array(4))
     big.shape[0] = 1 << 30
-    x, _ = table_producer(make=lambda: big)
+    x, _ = table_producer(work_stream=driver.stream(), make=lambda: big)
     driver.clear()
-    with pytest.raises(MemoryError, match=r"cuMemAlloc failed with CUresult 2 \(CUDA_ERROR_OUT_OF_MEMORY\)"):
+    with pytest.raises(MemoryError, match=r"cuMemAllocAsync failed with CUresult 2 \(CUDA_ERROR_OUT_OF_MEMORY\)"):
         cuda_kernel.scale(x, 2.0)
     assert not rows(driver, "launch", "alloc")
 
@@ -281,3 +297,54 @@ def test_a_context_reset_unloads_the_kernel_and_the_next_call_loads_it_again():
         print("done")
     """)
     assert "done" in run_fresh(code)
+
+
+PTX = """.version 7.0
+.target sm_75
+.address_size 64
+.visible .entry scale_f32(
+	.param .u64 scale_f32_param_0,
+	.param .u64 scale_f32_param_1,
+	.param .u64 scale_f32_param_2,
+	.param .f32 scale_f32_param_3
+)
+{
+	ret;
+}
+"""
+# scale_f32 on no elements (n = 0): it touches no memory.
+ARGS = [("u64", 0), ("u64", 0), ("u64", 0), ("f32", 2.0)]
+
+
+def test_launch_arguments_are_checked_against_the_kernels_parameters(driver):
+    """C10: where the driver reports the parameters (cuFuncGetParamInfo), an argument of the wrong
+    size, or a missing one, is refused before the launch instead of passing garbage."""
+    from dlbridge import _native
+
+    S = driver.stream()
+    _native._cuda_launch(0, PTX, "scale_f32", ARGS, S)
+    with pytest.raises(BufferError, match=r"parameter 3 takes 4 bytes, and its argument is a value of 8 bytes"):
+        _native._cuda_launch(0, PTX, "scale_f32", ARGS[:3] + [("f64", 2.0)], S)
+    with pytest.raises(BufferError, match=r"the kernel takes 4 parameters, and 3 arguments were given"):
+        _native._cuda_launch(0, PTX, "scale_f32", ARGS[:3], S)
+    assert len(rows(driver, "launch")) == 1
+    driver.param_info(False)  # a driver before CUDA 12.4: nothing to check against
+    try:
+        _native._cuda_launch(0, PTX, "scale_f32", ARGS[:3] + [("f64", 2.0)], S)
+    finally:
+        driver.param_info(True)
+    assert len(rows(driver, "launch")) == 2
+    driver.run_all()
+    gc.collect()
+
+
+@pytest.mark.parametrize("ptx, log", [
+    (".version 7.0\n.visible .entry k()\n{ ret; }\n", "Missing .target directive"),
+    (".version 9.9\n.target sm_90\n", "Unsupported .version 9.9; current version is '9.0'"),
+])
+def test_ptx_the_driver_refuses_is_reported_with_the_jit_log(driver, ptx, log):
+    from dlbridge import _native
+
+    with pytest.raises(BufferError, match=r"cuModuleLoadDataEx failed with CUresult 2\d\d \(CUDA_ERROR_(INVALID_PTX|UNSUPPORTED_PTX_VERSION)\)"
+                                          r"; the JIT compiler's log: fake ptxas.*" + log.replace(".", r"\.")):
+        _native._cuda_launch(0, ptx, "k", [], 1)

@@ -163,13 +163,6 @@ def test_a_stream_the_caller_named_is_not_kept(driver, reused):
     assert dlbridge.from_dlpack(t, device="cpu").tolist() == [VALUE] * N
 
 
-def test_a_stream_the_driver_does_not_know_is_refused(driver):
-    P = driver.stream()
-    x, _ = table_producer(work_stream=P, make=lambda: driver.over(busy(driver, P)))
-    with pytest.raises(BufferError, match=r"400 \(CUDA_ERROR_INVALID_HANDLE\)"):
-        dlbridge.from_dlpack(x, stream=0x123456)
-
-
 def test_the_per_thread_stream_is_another_stream_in_each_thread(driver):
     """L4: stream 2 named in thread A and in thread B are two streams; data made ready on A's must
     be waited for by B's."""
@@ -228,7 +221,7 @@ def test_no_growth_over_many_exchanges(driver):
         if i % 5000 == 0:
             driver.clear()
     del t
-    assert driver.live_events() == 0 and driver.context_depth() == 0
+    assert driver.live_ours()[1] == 0 and driver.context_depth() == 0
     assert driver.live_allocations() == allocations
 
 
