@@ -5,12 +5,16 @@
 - how the driver is found and initialised: the driver's soname before a toolkit stub, and cuInit
   failures reported as such;
 - scripts/gpu-test.sh, run as on the GPU machine, with the fake standing in for the GPU and
-  stand-ins for torch and CuPy: it must pass there, and fail loudly when torch or CuPy is missing
-  or a test skips; and the GPU suite itself under DLBRIDGE_REQUIRE_GPU=1, where a skip fails."""
+  stand-ins for torch and CuPy: it must pass there, with pip and without it (the wheels unpacked),
+  and fail loudly, before any test, when torch or CuPy is missing, the glibc is older than the
+  wheel needs, or the wheels are missing, and after the tests when one skips; the reader of the
+  wheels' glibc needs agrees with readelf; and the GPU suite itself under DLBRIDGE_REQUIRE_GPU=1,
+  where a skip fails."""
 
 import base64
 import hashlib
 import importlib
+import importlib.util
 import os
 import re
 import shutil
@@ -135,10 +139,15 @@ print("stand-in benchmark ran")
 """
 
 
+# A `pip` that cannot be imported: `python3 -m pip` fails as on an interpreter without pip.
+NO_PIP = "raise ImportError('No module named pip (a stand-in for an interpreter without it)')\n"
+
+
 def gpu_machine(tmp_path, fake, stand_ins=STAND_INS, suite=None):
     """A stand-in for the GPU machine: `python3` is this venv's interpreter (itself a venv, as
     there), libcuda.so.1 the fake, torch and CuPy stand-ins that say a GPU is there; the suite run
-    is tests/fake_driver (or `suite`), the benchmark a stand-in."""
+    is tests/fake_driver (or `suite`), the benchmark a stand-in. A `pip` entry in `stand_ins`
+    replaces pip."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     python3 = bin_ / "python3"  # a script, not a link: a venv's interpreter finds its venv by its own path
@@ -159,21 +168,71 @@ def gpu_machine(tmp_path, fake, stand_ins=STAND_INS, suite=None):
 
 
 def gpu_test(env, *pytest_args):
-    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu-test.sh"), "run", *pytest_args], cwd=ROOT,
-                          capture_output=True, text=True, env=env, timeout=600)
+    """Runs the script; its output (stdout and stderr, which it sends to one log) in `.output`."""
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-test.sh"), "run", *pytest_args], cwd=ROOT,
+                            capture_output=True, text=True, env=env, timeout=600)
+    result.output = result.stdout + result.stderr
+    return result
 
 
 def test_the_gpu_script_runs_the_suite_then_the_benchmark(tmp_path, fake):
     env = gpu_machine(tmp_path, fake)
     result = gpu_test(env, "-k", "test_host_to_device_and_back and float32 or a_host_to_device_copy_is_ready "
                                  "or scale_runs_after_the_producers_work")
-    output = result.stdout + result.stderr
+    output = result.output
     assert result.returncode == 0, output[-6000:]
     assert f"from {tmp_path}/dlbridge-gpu-site" in output, "the wheel installed with --target is the dlbridge imported"
     assert re.search(rf"cuda_kernel from {tmp_path}/dlbridge-gpu-site\S*/cuda_kernel/", output), "the example's wheel is imported"
     assert "JUnit: 8 tests, 0 failures, 0 errors, 0 skipped" in output, output[-3000:]
     assert "stand-in benchmark ran" in output and (tmp_path / "out" / "bench_gpu.json").is_file()
     assert not list(tmp_path.rglob("pyvenv.cfg")), "a venv was made"
+    assert "GPU tests and benchmark passed" in (tmp_path / "out" / "run.log").read_text(), "the log is kept in $OUT"
+
+
+def test_the_gpu_script_unpacks_the_wheels_where_python3_has_no_pip(tmp_path, fake):
+    """C12: a venv made by uv has no pip; the wheels are then unpacked, and the same run follows."""
+    env = gpu_machine(tmp_path, fake, stand_ins={**STAND_INS, "pip": NO_PIP})
+    result = gpu_test(env, "-k", "a_host_to_device_copy_is_ready or scale_runs_after_the_producers_work")
+    output = result.output
+    assert result.returncode == 0, output[-6000:]
+    assert "python3 has no pip: unpacking the wheels" in output, output[-3000:]
+    assert f"from {tmp_path}/dlbridge-gpu-site" in output and "JUnit: 2 tests, 0 failures" in output, output[-3000:]
+
+
+def test_the_gpu_script_refuses_wheels_that_need_a_newer_glibc_before_any_test(tmp_path, fake):
+    """C9: a wheel linked against a newer glibc than the machine's cannot load there; the run says
+    so, naming both versions, before installing anything."""
+    env = {**gpu_machine(tmp_path, fake), "DLBRIDGE_GPU_GLIBC": "2.17"}
+    result = gpu_test(env)
+    assert result.returncode != 0
+    assert re.search(r"needs glibc 2\.\d+, and this machine has 2\.17", result.output), result.output[-3000:]
+    assert "nothing was tested" in result.output and not (tmp_path / "out" / "gpu-tests.xml").exists()
+
+
+def test_the_gpu_script_says_when_the_wheels_are_missing(tmp_path, fake):
+    env = gpu_machine(tmp_path, fake)
+    for wheel in (tmp_path / "dist").glob("*.whl"):
+        wheel.unlink()
+    result = gpu_test(env)
+    assert result.returncode != 0
+    assert "expected one dlbridge and one cuda_kernel wheel" in result.output and "gpu-test.sh build" in result.output, result.output
+
+
+def test_the_glibc_reader_agrees_with_readelf():
+    """scripts/gpu-check.py reads the newest GLIBC_x.y version an extension needs from its ELF file
+    (the GPU machine has no binutils); here readelf checks it on dlbridge's own extension."""
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("no readelf here to compare with")
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu-check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    native = Path(dlbridge._native.__file__)
+    listing = subprocess.run([readelf, "-V", str(native)], capture_output=True, text=True, check=True).stdout
+    newest = max(tuple(int(p) for p in v.split(".")) for v in re.findall(r"GLIBC_(\d+(?:\.\d+)+)", listing))
+    assert gpu_check.glibc_needed(native.read_bytes()) == newest
+    with pytest.raises(ValueError):
+        gpu_check.glibc_needed(b"not an ELF file")
 
 
 @pytest.mark.parametrize("broken, message", [
@@ -185,7 +244,7 @@ def test_the_gpu_script_fails_loudly_without_its_libraries(tmp_path, fake, broke
     env = gpu_machine(tmp_path, fake, stand_ins={**STAND_INS, **broken})
     result = gpu_test(env)
     assert result.returncode != 0
-    assert message in result.stderr and "nothing was tested" in result.stderr, result.stderr[-3000:]
+    assert message in result.output and "nothing was tested" in result.output, result.output[-3000:]
     assert not (tmp_path / "out" / "gpu-tests.xml").exists(), "tests ran anyway"
 
 
@@ -203,7 +262,7 @@ def test_the_gpu_script_fails_when_a_test_skips(tmp_path, fake):
     """))
     result = gpu_test(gpu_machine(tmp_path, fake, suite=suite))
     assert result.returncode != 0
-    assert "1 tests were skipped, which a GPU run does not allow" in result.stderr + result.stdout
+    assert "1 tests were skipped, which a GPU run does not allow" in result.output
 
 
 def test_the_gpu_suite_fails_instead_of_skipping_when_a_gpu_is_required():
