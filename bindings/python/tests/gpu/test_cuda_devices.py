@@ -1,9 +1,12 @@
 """Device ids: DLPack and CUDA array interface imports report the device the memory is on, which
 for the CUDA array interface (that has no device field) comes from the pointer's attributes, not
-from the current device. The two-GPU tests skip on a machine with one (with DLBRIDGE_REQUIRE_GPU=1
-they are left out, and the summary says so)."""
+from the current device; every copy dlbridge makes is where it says, by the driver's own answer
+(`cuPointerGetAttribute`, asked through ctypes, not through dlbridge). The two-GPU tests skip on a
+machine with one (with DLBRIDGE_REQUIRE_GPU=1 they are left out, and the summary says so): on one
+GPU no code path for a device other than 0 runs."""
 
-from cuda_support import CU_MEMORYTYPE_DEVICE, CUDA, device_ordinal, memory_type, require_cuda, stream_handle, torch_cai
+from cuda_support import (CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST, CUDA, CUDA_HOST, device_ordinal, memory_type,
+                          require_cuda, stream_handle, torch_cai)
 
 torch = require_cuda()
 
@@ -25,6 +28,29 @@ def test_device_zero():
     t = dlbridge.asarray(torch_cai(x, stream=1))
     assert t.device == (CUDA, 0)
     assert memory_type(t.data_ptr) == CU_MEMORYTYPE_DEVICE and device_ordinal(t.data_ptr) == 0
+
+
+def test_what_dlbridge_allocates_is_where_it_says_by_the_drivers_answer():
+    """On one GPU: device copies (host to device, copy=True, a kernel's result) are device memory
+    of the ordinal dlbridge reports, pinned copies are page-locked host memory, and imports of
+    torch's memory report the ordinal the driver gives for the pointer."""
+    import cuda_kernel
+
+    index = torch.cuda.current_device()
+    x = torch.arange(16.0, device=f"cuda:{index}")
+    made = {
+        "host to device": dlbridge.from_dlpack(np.arange(16.0, dtype=np.float32), device=(CUDA, index)),
+        "copy=True": dlbridge.from_dlpack(x, copy=True),
+        "kernel result": cuda_kernel.scale(x, 2.0),
+        "import": dlbridge.from_dlpack(x),
+        "array interface import": dlbridge.asarray(torch_cai(x, stream=1)),
+    }
+    for what, t in made.items():
+        assert memory_type(t.data_ptr) == CU_MEMORYTYPE_DEVICE, what
+        assert t.device == (CUDA, device_ordinal(t.data_ptr)) == (CUDA, index), what
+    pinned = dlbridge.from_dlpack(x, device=(CUDA_HOST, 0))
+    assert pinned.device == (CUDA_HOST, 0) and memory_type(pinned.data_ptr) == CU_MEMORYTYPE_HOST
+    assert dlbridge.from_dlpack(made["kernel result"], device="cpu").tolist() == (x * 2).cpu().tolist()
 
 
 @pytest.mark.two_gpus

@@ -204,13 +204,33 @@ def test_cupy_consumer_on_its_own_stream(gpu_sleep, streams, x, cupy):
     assert busy, "taking the tensor into CuPy synchronised on the host"
 
 
-def test_jax_consumer_reads_final_values(gpu_sleep, streams, x, jax):
+class Recorded:
+    """A dlbridge tensor that records the keywords its consumer passes to `__dlpack__`."""
+
+    def __init__(self, t):
+        self.t, self.calls = t, []
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+    def __dlpack__(self, **kwargs):
+        self.calls.append(kwargs)
+        return self.t.__dlpack__(**kwargs)
+
+
+def test_jax_consumer_names_its_stream_and_reads_final_values(gpu_sleep, streams, x, jax):
+    """JAX may synchronise by itself, so the values alone prove little: the test also checks that
+    JAX named a stream of its own (an integer other than -1), which dlbridge then orders after the
+    data's event as for any consumer (the torch and CuPy tests show that ordering on the GPU)."""
     A, B, _ = streams
     for seconds in ROUNDS:
         with producer_busy(gpu_sleep, A, x, seconds):
-            t = dlbridge.from_dlpack(x, stream=stream_handle(B))
-        j = jax.dlpack.from_dlpack(t)  # JAX passes its own stream for dlbridge to order
+            t = Recorded(dlbridge.from_dlpack(x, stream=stream_handle(B)))
+        j = jax.dlpack.from_dlpack(t)
         assert all_equal(np.asarray(j))
+        stream = t.calls[-1].get("stream")
+        print(f"JAX {jax.__version__} passed __dlpack__ {t.calls[-1]}")
+        assert isinstance(stream, int) and stream not in (-1, 0), f"JAX passed stream={stream!r}"
 
 
 # The CUDA array interface's `stream` entry, both ways.
@@ -276,9 +296,8 @@ def test_cupy_cuda_array_interface_import(cupy):
     cai = wrapped.__cuda_array_interface__
     t = dlbridge.asarray(wrapped)
     assert t.data_ptr == c.data.ptr and t.shape == (10,) and t.device == (CUDA, c.device.id)
-    if cai.get("stream") is not None:
-        assert cai["stream"] == s.ptr
-        assert t.__cuda_array_interface__["stream"] == 1, "the legacy default stream, made to wait for s"
+    assert cai.get("stream") == s.ptr, f"CuPy names its current stream: {cai}"
+    assert t.__cuda_array_interface__["stream"] == 1, "the legacy default stream, made to wait for s"
     assert dlbridge.from_dlpack(t, device="cpu").tolist() == list(range(10))
 
 
@@ -288,10 +307,8 @@ def test_numba_cuda_array_interface_import(numba_cuda):
     cai = d.__cuda_array_interface__
     t = dlbridge.asarray(only_cai(d))
     assert t.data_ptr == cai["data"][0] and t.shape == (8,) and str(t.dtype) == "float64"
-    if cai.get("stream") is not None:
-        assert t.__cuda_array_interface__["stream"] == 1, "the legacy default stream, made to wait for s"
-    else:
-        s.synchronize()  # no stream entry: the data is ready when the producer says so
+    assert cai.get("stream") is not None, f"numba names the array's stream: {cai}"
+    assert t.__cuda_array_interface__["stream"] == 1, "the legacy default stream, made to wait for s"
     y = torch.from_dlpack(t)
     assert y.data_ptr() == cai["data"][0]
     assert y.cpu().tolist() == list(range(8))
