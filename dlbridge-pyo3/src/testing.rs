@@ -174,14 +174,6 @@ fn _contract_breaking_table(py: Python<'_>) -> PyResult<(Py<PyAny>, usize)> {
 }
 
 /// Adds the test hooks to `module`.
-/// How many pinned staging buffers dlbridge's host-to-device copies keep,
-/// and how many events it keeps for them: memory and events the fake driver's
-/// leak checks must allow for.
-#[pyfunction]
-fn _cuda_staging() -> (usize, usize) {
-    dlbridge::cuda::staging_state()
-}
-
 /// Imports `x` (a CUDA tensor) and copies it to the host on a new Rust thread
 /// that has never held the GIL, while this thread waits with the GIL released:
 /// the blocking hook must run the driver's calls there without detaching.
@@ -242,7 +234,6 @@ fn _cuda_launch(device_id: i32, ptx: &str, name: &str, args: Vec<(String, f64)>,
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(_cuda_launch, module)?)?;
-    module.add_function(wrap_pyfunction!(_cuda_staging, module)?)?;
     module.add_function(wrap_pyfunction!(_cuda_to_host_on_rust_thread, module)?)?;
     module.add_function(wrap_pyfunction!(_exchange_api_calls, module)?)?;
     module.add_function(wrap_pyfunction!(_drop_on_rust_thread, module)?)?;

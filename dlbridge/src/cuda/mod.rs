@@ -58,7 +58,6 @@ pub use driver::driver_available;
 pub use handoff::{carry_out, order_streams, wait_on_host, ReadyEvent};
 pub use kernels::{stream_is_capturing, Function, KernelArg, LaunchConfig, Module};
 pub use pointers::{pointer_device, pointer_place};
-pub use staging::staging_state;
 
 use core::ffi::{c_int, c_uint, c_void};
 use std::sync::{Mutex, OnceLock};

@@ -55,9 +55,6 @@ struct Deferred {
     fence: Option<usize>,
 }
 
-// SAFETY: event handles and addresses, which the driver lets any thread use.
-unsafe impl Send for Deferred {}
-
 /// An event recorded on `stream` of the current context, owned by the caller.
 ///
 /// # Safety

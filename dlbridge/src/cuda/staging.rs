@@ -38,16 +38,6 @@ struct Ring {
 
 static RINGS: Mutex<Vec<Ring>> = Mutex::new(Vec::new());
 
-/// How many staging buffers exist over all devices, and how many events
-/// dlbridge keeps for them: for tests that count the driver's live allocations
-/// and events.
-#[doc(hidden)]
-pub fn staging_state() -> (usize, usize) {
-    let rings = RINGS.lock().unwrap_or_else(PoisonError::into_inner);
-    let buffers = rings.iter().flat_map(|r| &r.buffers);
-    (buffers.clone().count(), buffers.filter(|b| b.last_read.is_some()).count())
-}
-
 /// Waits until the DMA that last read `staging` has run (no call when it has).
 fn wait_until_read(api: &Api, staging: &mut Staging) -> Result<(), Error> {
     let Some(event) = staging.last_read.take() else { return Ok(()) };

@@ -1,4 +1,4 @@
-//! Modules and kernel launches. `cuModuleLoadData` takes PTX text (as a
+//! Modules and kernel launches. `cuModuleLoadData(Ex)` takes PTX text (as a
 //! CUDA 13.0 driver: ISA 9.0 at most) and finds its `.entry` kernels and
 //! their parameter types; `cuLaunchKernel` queues a launch on its stream like
 //! any other work. The fake cannot run PTX: a kernel it knows by its entry

@@ -136,14 +136,6 @@ class FakeDriver:
     def live_modules(self):
         return self.lib.fake_cuda_live_modules()
 
-    def live_ours(self):
-        """Live allocations and events, less the pinned staging buffers that host-to-device copies
-        keep for the process and the events kept for them (dlbridge says how many)."""
-        from dlbridge import _native
-
-        buffers, events = _native._cuda_staging()
-        return self.live_allocations() - buffers, self.live_events() - events
-
     def uses_after_free(self):
         """How many ops ran on freed memory before it was handed out again."""
         return self.lib.fake_cuda_uses_after_free()

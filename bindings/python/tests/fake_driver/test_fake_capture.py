@@ -119,13 +119,13 @@ def test_memory_dropped_while_a_blocking_stream_captures_is_freed_after_the_capt
     and the capture stays valid."""
     t = dlbridge.from_dlpack(np.array(VALUES, dtype=np.float32), device=(2, 0))
     p = dlbridge.from_dlpack(np.array(VALUES, dtype=np.float32), device=(3, 0))
-    before = driver.live_ours()[0]
+    before = driver.live_allocations()
     C = capture(non_blocking=False)
     del t, p
     gc.collect()
     assert driver.capture_status(C) == "active", "the frees must not touch the legacy stream during the capture"
-    assert driver.live_ours()[0] == before, "nothing freed during the capture"
+    assert driver.live_allocations() == before, "nothing freed during the capture"
     assert not [r for r in driver.log() if r[0] in ("free_async", "free_host")]
     graph = driver.end_capture(C)
     assert graph > 1000 or graph < 900, f"the capture ended with CUresult {graph}"
-    assert driver.settle(lambda: driver.live_ours()[0], before - 2) == before - 2, "freed once the capture ended"
+    assert driver.settle(lambda: driver.live_allocations(), before - 2) == before - 2, "freed once the capture ended"

@@ -31,7 +31,7 @@ def test_host_to_device_and_back(driver, dtype, layout):
     base = (np.arange(24) % 7).astype(dtype).reshape(4, 6)
     a = {"c": base, "f": np.asfortranarray(base), "strided": base[::2, 1::3], "reversed": base[::-1, ::-2],
          "0-d": np.array(base[1, 2]), "empty": base[:0]}[layout]
-    before = driver.live_ours()[0]
+    before = driver.live_allocations()
     t = dlbridge.from_dlpack(a, device=(2, 0))
     assert t.device == (2, 0) and t.is_copied and t.shape == a.shape and t.strides == c_strides(a.shape)
     log = driver.log()
@@ -42,7 +42,7 @@ def test_host_to_device_and_back(driver, dtype, layout):
     np.testing.assert_array_equal(host(t), a)
     del t
     gc.collect()
-    assert driver.live_ours()[0] == before, "the deleter freed the device memory"
+    assert driver.live_allocations() == before, "the deleter freed the device memory"
     assert driver.log()[-1][:3:2] == ("free_async", 1) and driver.log()[-1][3] == 0, "freed on the legacy stream, in device 0's context"
 
 

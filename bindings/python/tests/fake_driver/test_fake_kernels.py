@@ -136,14 +136,14 @@ def test_the_result_is_freed_after_the_kernel_ran_without_a_host_wait(driver):
     back to the pool, and the next allocation that reuses it sees nothing of the kernel."""
     P, n = driver.stream(), 4099  # a size no other freed block has: the pool's reuse is then predictable
     x, _ = table_producer(work_stream=P, make=lambda: driver.over(busy(driver, P, count=n)))
-    before = driver.live_ours()[0]
+    before = driver.live_allocations()
     r = cuda_kernel.scale(x, 2.0)
     address = r.data_ptr
-    assert driver.live_ours()[0] == before + 1
+    assert driver.live_allocations() == before + 1
     driver.clear()
     del r
     gc.collect()
-    assert driver.live_ours()[0] == before
+    assert driver.live_allocations() == before
     log = driver.log()
     assert not rows(driver, "sync", "event_sync"), f"a host wait: {log}"
     assert [(k, a) for k, a, _, _ in log if k in ("wait", "free_async")] == [("wait", 1), ("free_async", address)], log

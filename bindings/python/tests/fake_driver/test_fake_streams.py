@@ -214,15 +214,15 @@ def test_no_growth_over_many_exchanges(driver):
     P, B, C = driver.stream(), driver.stream(), driver.stream()
     a = driver.device_array(2)
     x, _ = table_producer(work_stream=P, make=lambda: driver.over(a))
-    allocations = driver.live_ours()[0]
+    allocations, events = driver.live_allocations(), driver.live_events()
     for i in range(20_000):
         t = dlbridge.from_dlpack(x, stream=B)
         t.__dlpack__(stream=C, max_version=(1, 3))
         if i % 5000 == 0:
             driver.clear()
     del t
-    assert driver.live_ours()[1] == 0 and driver.context_depth() == 0
-    assert driver.live_ours()[0] == allocations
+    assert driver.live_events() == events and driver.context_depth() == 0
+    assert driver.live_allocations() == allocations
 
 
 def test_extension_arguments_stay_on_the_producers_stream_unless_asked(driver):
