@@ -4,11 +4,15 @@ folder, leaving the venv's own build alone), and the fake-driver suite runs agai
 mutation is caught when the suite fails (or hangs past the time limit), missed when it passes. Every
 file is restored afterwards, whatever happens.
 
-    python scripts/mutants.py [--only ID ...] [--list] [--timeout SECONDS]
+    python scripts/mutants.py [--only ID ...] [--list] [--timeout SECONDS] [--report FILE]
 
-A mutation whose original text is no longer in its file once is reported as stale, and one the
-compiler refuses as broken; either fails the run: the list must follow the code. Prints one line per mutation and the score; exit status 1 if any
-was missed or stale. CI does not run this (it takes about three minutes per mutation)."""
+The whole suite runs for each mutation (not stopping at the first failure), and every failing test
+is listed, so that a failure of a timing test on a loaded machine cannot pass for a catch unseen;
+each run's output is kept in $DLBRIDGE_CACHE/mutants-logs/ID.txt. A mutation whose original text is
+no longer in its file once is reported as stale, and one the compiler refuses as broken; either
+fails the run: the list must follow the code. Prints one line per mutation and the score, and with
+--report writes them as a Markdown table (docs/mutants.md); exit status 1 if any was missed, stale
+or broken. CI does not run this (it takes about three minutes per mutation)."""
 
 import argparse
 import os
@@ -143,8 +147,8 @@ def build(site):
     return None if result.returncode == 0 else f"fake build failed: {result.stderr[-1500:]}"
 
 
-def suite(site, timeout):
-    """Runs the fake-driver suite against `site`; (passed, first failure, seconds)."""
+def suite(site, timeout, log_file=None):
+    """Runs the fake-driver suite against `site`; (passed, the failing tests or why, seconds)."""
     lib = Path(tempfile.mkdtemp(prefix="mutant-lib-"))
     fake = TARGET / "release" / "libfake_cuda.so"
     (lib / "libcuda.so.1").symlink_to(fake)
@@ -152,20 +156,23 @@ def suite(site, timeout):
            "DLBRIDGE_FAKE_DRIVER_CHILD": "1", "DLBRIDGE_FAKE_CUDA": str(fake)}
     start = time.monotonic()
     try:
-        result = run([str(VENV / "bin" / "python"), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+        result = run([str(VENV / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
                       "bindings/python/tests/fake_driver"], env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout} s (a hang)", time.monotonic() - start
     finally:
         shutil.rmtree(lib, ignore_errors=True)
     seconds = time.monotonic() - start
+    output = result.stdout + result.stderr
+    if log_file is not None:
+        log_file.write_text(output)
     if result.returncode == 0:
         return True, "", seconds
-    output = result.stdout + result.stderr
-    first = re.search(r"^(FAILED|ERROR) (\S+)", output, re.M)
-    if first:
-        return False, first.group(2), seconds
-    return False, f"exit {result.returncode}: {output.strip().splitlines()[-1] if output.strip() else 'no output'}", seconds
+    failing = sorted({name.split("::", 1)[-1] for name in re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.M)})
+    if failing:
+        shown = ", ".join(failing[:3]) + (f" and {len(failing) - 3} more" if len(failing) > 3 else "")
+        return False, f"{len(failing)} failing: {shown}", seconds
+    return False, f"exit {result.returncode} ({output.strip().splitlines()[-1] if output.strip() else 'no output'})", seconds
 
 
 def apply(edits):
@@ -187,11 +194,31 @@ def restore(originals):
         path.write_text(text)
 
 
+def write_report(path, results, caught):
+    head = run(["git", "rev-parse", "--short", "HEAD"]).stdout.strip() or "?"
+    lines = [
+        "# Mutation run of the CUDA layer",
+        "",
+        f"`./dev mutants` (scripts/mutants.py) at {head}, {time.strftime('%Y-%m-%d')}: each mutation applied, the package and",
+        "examples/cuda_kernel rebuilt (dev profile), the fake-driver suite run against them. Ids M1-M18 follow the",
+        "outside review of 2026-11-27; F1 on are mutations of the code issue 32 added.",
+        "",
+        f"**Score: {caught} of {len(results)} caught.**",
+        "",
+        "| id | mutation | result | failing tests |",
+        "|---|---|---|---|",
+    ]
+    for id_, outcome, detail, what in results:
+        lines.append(f"| {id_} | {what} | {outcome} | {detail.replace('|', '/')} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="ids to run (default: all)")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     parser.add_argument("--timeout", type=int, default=900, help="seconds the suite may run per mutation")
+    parser.add_argument("--report", help="also write the results as a Markdown table to this file")
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS if not args.only or m[0] in args.only]
     if args.list:
@@ -199,12 +226,14 @@ def main():
             log(f"{id_:5} {file}: {what}")
         return 0
     site = Path(tempfile.mkdtemp(prefix="mutant-site-"))
+    logs = CACHE / "mutants-logs"
+    logs.mkdir(parents=True, exist_ok=True)
     log(f"baseline: building into {TARGET} and running the fake-driver suite")
     error = build(site)
     if error:
         log(error)
         return 2
-    passed, failure, seconds = suite(site, args.timeout)
+    passed, failure, seconds = suite(site, args.timeout, logs / "baseline.txt")
     if not passed:
         log(f"the baseline fails ({failure}): fix it before running mutations")
         return 2
@@ -213,7 +242,7 @@ def main():
     for id_, file, old, new, what in chosen:
         originals = apply([(file, old, new)] + EXTRA.get(id_, []))
         if originals is None:
-            results.append((id_, "STALE", f"{file}: the original text is not there once"))
+            results.append((id_, "STALE", f"{file}: the original text is not there once", what))
             log(f"{id_:5} STALE   {what}")
             continue
         try:
@@ -222,17 +251,19 @@ def main():
                 # A mutation the compiler refuses tests nothing: the list must be fixed.
                 outcome, detail = "BROKEN", error.splitlines()[0]
             else:
-                passed, failure, seconds = suite(site, args.timeout)
+                passed, failure, seconds = suite(site, args.timeout, logs / f"{id_}.txt")
                 outcome, detail = ("MISSED", f"suite passed in {seconds:.0f} s") if passed else ("caught", failure)
         finally:
             restore(originals)
-        results.append((id_, outcome, detail))
+        results.append((id_, outcome, detail, what))
         log(f"{id_:5} {outcome:7} {what}: {detail}")
-    caught = sum(1 for _, outcome, _ in results if outcome == "caught")
+    caught = sum(1 for _, outcome, _, _ in results if outcome == "caught")
     log(f"\nscore: {caught} of {len(results)} caught")
-    for id_, outcome, detail in results:
+    for id_, outcome, detail, _ in results:
         if outcome != "caught":
             log(f"  {id_}: {outcome} ({detail})")
+    if args.report:
+        write_report(Path(args.report), results, caught)
     shutil.rmtree(site, ignore_errors=True)
     return 0 if caught == len(results) else 1
 

@@ -122,6 +122,12 @@ fn scale(x: PyTensor<'_, f32, AnyRank, Cuda, CContiguous>, factor: f32) -> PyRes
 /// current stream for torch (its later work there sees the result), the
 /// legacy default stream for producers that only have `__dlpack__` (CuPy's
 /// streams are blocking by default, so they wait for it too).
+///
+/// The write is queued, not done, when this returns: `x`'s memory must stay
+/// allocated until it has run. torch keeps a tensor's memory for the work of
+/// the stream it was allocated on; used on another stream
+/// (`with torch.cuda.stream(s): scale_(x)`), keep `x` until `s` has run, or
+/// call `x.record_stream(s)`, as for torch's own kernels on side streams.
 #[pyfunction]
 fn scale_(mut x: PyTensorMut<'_, f32, AnyRank, Cuda, CContiguous>, factor: f32) -> PyResult<()> {
     let n = x.view().len() as u64;
@@ -132,7 +138,9 @@ fn scale_(mut x: PyTensorMut<'_, f32, AnyRank, Cuda, CContiguous>, factor: f32) 
     let data = x.device_ptr_mut();
     // SAFETY: `x` holds n float32s on `device_id`, ready on `stream`, borrowed
     // exclusively for this call and kept by its producer for the work queued
-    // there; reading and writing each element in place is what the kernel does.
+    // there (the caller's part when `stream` is not the one the producer
+    // allocated it on: see the doc comment, and README, GPU kernels in Rust);
+    // reading and writing each element in place is what the kernel does.
     // Under a graph capture, replays write `x` again: its owner (torch's graph
     // pool, or the caller) keeps that memory for as long as it replays the graph,
     // as for the framework's own kernels captured beside this one.
