@@ -178,7 +178,7 @@ def gpu_test(env, *pytest_args):
 def test_the_gpu_script_runs_the_suite_then_the_benchmark(tmp_path, fake):
     env = gpu_machine(tmp_path, fake)
     result = gpu_test(env, "-k", "test_host_to_device_and_back and float32 or a_host_to_device_copy_is_ready "
-                                 "or scale_runs_after_the_producers_work")
+                                 "or dunder_dlpack_producers_tensor_is_launched")
     output = result.output
     assert result.returncode == 0, output[-6000:]
     assert f"from {tmp_path}/dlbridge-gpu-site" in output, "the wheel installed with --target is the dlbridge imported"
@@ -192,7 +192,7 @@ def test_the_gpu_script_runs_the_suite_then_the_benchmark(tmp_path, fake):
 def test_the_gpu_script_unpacks_the_wheels_where_python3_has_no_pip(tmp_path, fake):
     """C12: a venv made by uv has no pip; the wheels are then unpacked, and the same run follows."""
     env = gpu_machine(tmp_path, fake, stand_ins={**STAND_INS, "pip": NO_PIP})
-    result = gpu_test(env, "-k", "a_host_to_device_copy_is_ready or scale_runs_after_the_producers_work")
+    result = gpu_test(env, "-k", "a_host_to_device_copy_is_ready or dunder_dlpack_producers_tensor_is_launched")
     output = result.output
     assert result.returncode == 0, output[-6000:]
     assert "python3 has no pip: unpacking the wheels" in output, output[-3000:]
