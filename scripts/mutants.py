@@ -15,6 +15,7 @@ fails the run: the list must follow the code. Prints one line per mutation and t
 or broken. CI does not run this (it takes about three minutes per mutation)."""
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -28,7 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("DLBRIDGE_CACHE", Path.home() / ".cache" / "dlbridge"))
 VENV = CACHE / "venv"
-TARGET = CACHE / "mutants-target"
+# One target folder per checkout: cargo does not tell two checkouts of one workspace apart in a
+# shared folder, and would reuse one's build for the other.
+TARGET = CACHE / f"mutants-target-{hashlib.sha1(str(ROOT).encode()).hexdigest()[:8]}"
 
 CORE = "dlbridge/src/cuda"
 EXAMPLE = "examples/cuda_kernel/src/lib.rs"
