@@ -155,6 +155,17 @@ class FakeDriver:
     def set_capture_mode(self, mode):
         self.lib.fake_cuda_set_thread_capture_mode(MODES[mode])
 
+    @staticmethod
+    def wait_for(condition, timeout=10.0):
+        """Waits (without completing any queued work) until `condition()` holds: for what dlbridge's
+        release thread does on its own; whether it held."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return condition()
+
     def settle(self, live, target=None, timeout=10.0):
         """`live()` (a count of allocations) once it reaches `target`, or stops falling: frees that
         dlbridge's release thread carries out finish after the call that dropped the memory."""

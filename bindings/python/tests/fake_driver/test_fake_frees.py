@@ -87,8 +87,10 @@ def test_pinned_memory_is_freed_after_the_legacy_streams_work_on_the_release_thr
     del p  # the last reference: the deleter runs here
     elapsed = time.monotonic() - start
     assert elapsed < DELAY_MS / 1000 / 2, f"the deleter waited {elapsed:.2f} s for the free"
-    driver.settle(lambda: len([r for r in driver.log() if r[0] == "free_host"]), 1)
+    # Nothing here completes queued work: only the release thread's wait for its fence runs the DMA.
+    assert driver.wait_for(lambda: [r[0] for r in driver.log()].count("free_host") == 1), driver.log()
     driver.sync_delay(0)
+    assert driver.pending(1) == 0, "freed before the DMA on the legacy stream ran"
     assert [r[0] for r in driver.log() if r[0] in ("record", "event_sync", "free_host")] == ["record", "event_sync", "free_host"], (
         "a fence on the legacy stream, waited for by the release thread, then the free")
     q = dlbridge.from_dlpack(np.full(n, 9.0, dtype=np.float32), device=(3, 0))
@@ -120,9 +122,10 @@ def test_without_memory_pools_frees_wait_for_a_fence_on_the_release_thread():
         start = time.monotonic()
         del c  # the last reference: the deleter runs here
         assert time.monotonic() - start < 0.5, "the deleter waited"
-        driver.settle(lambda: driver.kinds().count("free"), 1)
+        # Nothing here completes queued work: only the release thread's wait for its fence runs the copy.
+        assert driver.wait_for(lambda: driver.kinds().count("free") == 1), driver.log()
         driver.sync_delay(0)
-        assert driver.kinds().count("free") == 1 and driver.pending(C) == 0, (driver.log(), "freed after the copy ran")
+        assert driver.pending(C) == 0, (driver.log(), "freed before the copy on C ran")
         reused = dlbridge.from_dlpack(np.full(n, 5.0, dtype=np.float32), device=(2, 0))
         assert reused.data_ptr == address
         driver.run_all()
