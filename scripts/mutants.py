@@ -135,7 +135,7 @@ def build(site):
     env = {**os.environ, "CARGO_TARGET_DIR": str(TARGET), "VIRTUAL_ENV": str(VENV), "PATH": f"{VENV}/bin:{os.environ['PATH']}"}
     out = Path(tempfile.mkdtemp(prefix="mutant-wheels-"))
     try:
-        for crate, extra in (("bindings/python", ["--features", "testing"]), ("examples/cuda_kernel", [])):
+        for crate, extra in (("bindings/python", ["--features", "testing"]), ("examples/cuda_kernel", ["--features", "testing"])):
             result = run([str(VENV / "bin" / "maturin"), "build", "--quiet", "-i", str(VENV / "bin" / "python"), "--out", str(out), *extra],
                          cwd=ROOT / crate, env=env)
             if result.returncode != 0:

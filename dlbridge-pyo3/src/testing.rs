@@ -62,8 +62,7 @@ fn _trust_table_for_tests(capsule: &Bound<'_, PyAny>) -> PyResult<()> {
         }
         pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), name.as_ptr())
     };
-    crate::trust::trust_table_for_tests(address as usize);
-    Ok(())
+    crate::trust::trust_table_for_tests(capsule.py(), address as usize)
 }
 
 /// How many argument borrows are live: 0 between extension calls.

@@ -16,7 +16,7 @@
 //! | `ml_dtypes`' scalar types | naming dtypes NumPy lacks, sizing `numpy()`'s views | `numpy.generic` subclasses whose registered NumPy dtype has the item size of the DLPack dtype they name, read once before any field of an array | `test_ml_dtypes.py::test_an_impostor_ml_dtypes_module_*`, `test_ml_dtypes.py::test_a_rebound_ml_dtypes_*` |
 //! | the package's `Tensor` table | adopting and describing package tensors | a capsule in the interpreter's state dict, of this ABI major and size | `test_trust.py::test_the_package_table_*` |
 //! | the borrow registry | sharing borrows between extensions | a capsule in the interpreter's state dict, of this ABI major and size | `test_borrow_registry.py::test_one_registry_*`, `test_borrow_registry.py::test_a_registry_of_another_major_*` |
-//! | a table a test asked to trust | driving the table path with a test's own classes | `_trust_table_for_tests`, compiled with the `testing` feature only (never in a wheel: `release_smoke.py` checks the installed package lacks it) | — |
+//! | a table a test asked to trust | driving the table path with a test's own classes | `_trust_table_for_tests`, kept in the interpreter's dict and read only by copies compiled with the `testing` feature (never in a wheel: `release_smoke.py` checks the installed package lacks it) | — |
 
 use core::ffi::CStr;
 
@@ -167,26 +167,32 @@ pub(crate) enum TableMismatch {
     OtherMajor(u32),
 }
 
-/// Exchange tables dlbridge's own tests made with ctypes on classes of their
-/// own (heap types), to drive the consumer's table path; the `testing`
-/// feature only, never in a wheel.
+/// Where the addresses of exchange tables that dlbridge's own tests made
+/// with ctypes on classes of their own (heap types) are kept: a set in the
+/// interpreter's dict, so that every copy of dlbridge-pyo3 built with the
+/// `testing` feature (the package's, an example's) trusts them. Never in a wheel.
 #[cfg(feature = "testing")]
-static TABLES_FOR_TESTS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+const TABLES_FOR_TESTS: &CStr = c"dlbridge.tables_trusted_for_tests";
 
 /// Trusts the table at `address` as if a static type published it (tests only).
 #[cfg(feature = "testing")]
-pub(crate) fn trust_table_for_tests(address: usize) {
-    TABLES_FOR_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(address);
+pub(crate) fn trust_table_for_tests(py: Python<'_>, address: usize) -> PyResult<()> {
+    let fresh = pyo3::types::PySet::empty(py)?;
+    let set = publish_for_interpreter(py, TABLES_FOR_TESTS, fresh.as_any())
+        .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("this interpreter has no state dict"))?;
+    set.cast_into::<pyo3::types::PySet>()?.add(address)
 }
 
 /// Whether a test made `api` and asked for it to be trusted.
 #[inline]
-pub(crate) fn trusted_for_tests(api: &dlbridge::ffi::DLPackExchangeAPI) -> bool {
+pub(crate) fn trusted_for_tests(py: Python<'_>, api: &dlbridge::ffi::DLPackExchangeAPI) -> bool {
     #[cfg(feature = "testing")]
-    return TABLES_FOR_TESTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&(core::ptr::from_ref(api) as usize));
+    return interpreter_entry(py, TABLES_FOR_TESTS)
+        .and_then(|set| set.cast_into::<pyo3::types::PySet>().ok())
+        .is_some_and(|set| set.contains(core::ptr::from_ref(api) as usize).unwrap_or(false));
     #[cfg(not(feature = "testing"))]
     {
-        let _ = api;
+        let _ = (py, api);
         false
     }
 }

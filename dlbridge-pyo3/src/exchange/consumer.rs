@@ -70,7 +70,7 @@ fn find(ty: &Bound<'_, PyType>) -> Option<Table> {
     let trusted = match guard {
         Guard::Torch(checks) if checks.is_torch_table(api) => true,
         // SAFETY: a live type object.
-        _ => (unsafe { is_static_type(publisher.as_type_ptr()) }) || trusted_for_tests(api),
+        _ => (unsafe { is_static_type(publisher.as_type_ptr()) }) || trusted_for_tests(py, api),
     };
     if !trusted || !guard.dispatches_nothing(ty) {
         return None;
