@@ -173,3 +173,41 @@ def test_a_thread_without_the_gil_runs_blocking_calls_as_they_are():
         print("done")
     """)
     assert "done" in run_fresh(code)
+
+
+# A daemon thread in a blocking copy (the GIL given up, 200 ms) while the main thread returns and
+# finalization runs a slow finalizer: the thread takes the GIL back during finalization.
+EXIT_IN_A_BLOCKING_CALL = """
+import builtins, ctypes, os, threading, time
+import dlbridge
+ctypes.CDLL("libcuda.so.1").fake_cuda_set_sync_delay_ms(200)
+d = dlbridge.from_dlpack(dlbridge.zeros(64), device=(2, 0))
+def work():
+    while True:
+        os.write(1, b"copy ")
+        dlbridge.from_dlpack(d, device="cpu").tolist()
+        os.write(1, b"copied ")
+class SlowFinalizer:
+    def __del__(self):
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            pass
+        os.write(1, b"finalized")
+builtins.slow_finalizer = SlowFinalizer()  # torn down late in finalization
+threading.Thread(target=work, daemon=True).start()
+time.sleep(0.3)
+"""
+
+
+def test_a_daemon_thread_in_a_blocking_driver_call_when_the_interpreter_exits():
+    # CPython 3.10 to 3.13 end a daemon thread that takes the GIL back during finalization with
+    # pthread_exit: the thread must park (PyO3's detach does), not unwind dlbridge's frames, which
+    # aborted elsewhere ("FATAL: exception not rethrown").
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", EXIT_IN_A_BLOCKING_CALL], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (0, ""), (proc.returncode, proc.stderr[-2000:])
+    # Not vacuous: the thread was in a copy when the main thread returned, and finalization
+    # outlasted the copy's blocking call.
+    assert proc.stdout.endswith("copy finalized"), proc.stdout
