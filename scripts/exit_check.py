@@ -25,6 +25,14 @@ PATTERNS = {
     "shared-churn": "s = dlbridge.empty(1024, 'uint8', shared=True); c = s.copy(); del s; del c",
     "numpy-exporter": "a = numpy.asarray(Exporter()); del a",
     "numpy-from-dlpack": "t = dlbridge.from_dlpack(numpy.ones(8)); numpy.from_dlpack(t).sum(); del t",
+    # The caller's own Python code, run by dlbridge's argument conversions and imports.
+    "sleepy-shape": "dlbridge.zeros(Sleepy()); dlbridge.empty((Sleepy(), 2))",
+    "sleepy-arguments": "t = dlbridge.zeros(2); t.__reduce_ex__(Sleepy()); dlbridge.empty(2, shared=bool_())\n"
+                        "dlbridge.from_dlpack(t, copy=bool_()); dlbridge.asarray(t, copy=bool_())\n"
+                        "try: dlbridge.from_dlpack(t, stream=Sleepy())\nexcept ValueError: pass\n"
+                        "try: t.__dlpack__(dl_device=(1, Sleepy()))\nexcept BufferError: pass",
+    "sleepy-producer": "dlbridge.from_dlpack(SleepyProducer()).tolist()",
+    "sleepy-interface": "dlbridge.asarray(Exporter(shape=(Sleepy(),))).tolist()",
 }
 NEEDS_NUMPY = {"numpy-exporter", "numpy-from-dlpack"}
 
@@ -34,12 +42,33 @@ import dlbridge
 {numpy}
 class Exporter:
     # An array-interface exporter whose __del__ gives the GIL up (a finalizer that sleeps).
-    def __init__(self):
+    def __init__(self, shape=(16,)):
         self.buf = (ctypes.c_ubyte * 16)()
-        self.__array_interface__ = {{"data": (ctypes.addressof(self.buf), False), "shape": (16,), "typestr": "|u1",
+        self.__array_interface__ = {{"data": (ctypes.addressof(self.buf), False), "shape": shape, "typestr": "|u1",
                                      "version": 3}}
     def __del__(self):
         time.sleep(0)
+class Sleepy:
+    # An int whose __index__ gives the GIL up, as a caller's Python code may.
+    def __index__(self):
+        time.sleep(0.001)
+        return 4
+class NumpyModule(type):
+    @property
+    def __module__(cls):
+        time.sleep(0.001)
+        return "numpy"
+class bool_(metaclass=NumpyModule):
+    # Taken for numpy.bool_ by its type's name and module, which PyO3 reads; then converted by __bool__.
+    def __bool__(self):
+        time.sleep(0.001)
+        return False
+class SleepyProducer:
+    def __dlpack__(self, **kwargs):
+        time.sleep(0.001)
+        return dlbridge.zeros(4).__dlpack__(**kwargs)
+    def __dlpack_device__(self):
+        return (1, 0)
 queue = []
 counts = []
 def work():

@@ -9,6 +9,7 @@ use pyo3::IntoPyObject;
 use crate::convert::{parse_device, parse_dtype, parse_shape};
 use crate::errors::IntoPyResult;
 use crate::import::{from_dlpack_ready, import_any_ready, ImportOptions};
+use crate::python_calls::{entered, Scalar};
 use crate::tensor::{Tensor, TensorObject};
 
 /// `from_dlpack(x, /, *, device=None, copy=None, stream=None)`: a tensor from
@@ -19,9 +20,11 @@ use crate::tensor::{Tensor, TensorObject};
 pub(crate) fn py_from_dlpack(
     x: &Bound<'_, PyAny>,
     device: Option<&Bound<'_, PyAny>>,
-    copy: Option<bool>,
-    stream: Option<i64>,
+    copy: Option<Scalar<bool>>,
+    stream: Option<Scalar<i64>>,
 ) -> PyResult<Tensor> {
+    entered();
+    let (copy, stream) = (copy.map(|c| c.0), stream.map(|s| s.0));
     // SAFETY: Python's protocols hand streams over as raw integers, which
     // dlbridge passes on as they are (README, "Raw addresses").
     let stream = stream.map(|s| unsafe { Stream::from_raw(s) });
@@ -35,7 +38,9 @@ pub(crate) fn py_from_dlpack(
 /// as is unless `copy=True`.
 #[pyfunction]
 #[pyo3(signature = (obj, /, *, copy=None))]
-pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py<PyAny>> {
+pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<Scalar<bool>>) -> PyResult<Py<PyAny>> {
+    entered();
+    let copy = copy.map(|c| c.0);
     if copy != Some(true) && obj.cast_exact::<TensorObject>().is_ok() {
         return Ok(obj.clone().unbind());
     }
@@ -48,10 +53,11 @@ pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<bool>) -> PyResult<Py
 /// way), or with `shared=True` a tensor in a shared-memory segment, which
 /// pickles as a handle (see `dlbridge._shared`).
 #[pyfunction]
-#[pyo3(signature = (shape, dtype=None, *, shared=false))]
-pub(crate) fn empty<'py>(shape: &Bound<'py, PyAny>, dtype: Option<&Bound<'py, PyAny>>, shared: bool) -> PyResult<Bound<'py, PyAny>> {
+#[pyo3(signature = (shape, dtype=None, *, shared=Scalar(false)))]
+pub(crate) fn empty<'py>(shape: &Bound<'py, PyAny>, dtype: Option<&Bound<'py, PyAny>>, shared: Scalar<bool>) -> PyResult<Bound<'py, PyAny>> {
+    entered();
     let py = shape.py();
-    if shared {
+    if shared.0 {
         let (dtype, shape) = (dtype_or_float32(dtype)?, parse_shape(shape)?);
         check_size(&shape, dtype)?;
         return crate::tensor::shared_empty(py, dtype, &shape)?.into_pyobject(py);
@@ -71,6 +77,7 @@ fn dtype_or_float32(dtype: Option<&Bound<'_, PyAny>>) -> PyResult<dlbridge::Data
 /// ml_dtypes.
 #[pyfunction]
 pub(crate) fn _ml_dtypes_type<'py>(dtype: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    entered();
     crate::import::ml_dtypes_type(dtype.py(), parse_dtype(dtype)?)
 }
 
@@ -79,6 +86,7 @@ pub(crate) fn _ml_dtypes_type<'py>(dtype: &Bound<'py, PyAny>) -> PyResult<Bound<
 #[pyfunction]
 #[pyo3(signature = (shape, dtype=None))]
 pub(crate) fn zeros(shape: &Bound<'_, PyAny>, dtype: Option<&Bound<'_, PyAny>>) -> PyResult<Tensor> {
+    entered();
     let (dtype, shape) = (dtype_or_float32(dtype)?, parse_shape(shape)?);
     check_size(&shape, dtype)?;
     let owned: OwnedTensor = dlbridge::zeros(dtype, &shape).py()?;

@@ -15,10 +15,10 @@ use pyo3::{Bound, PyAny, Python};
 /// at all once the interpreter is no longer initialised: the reference is then
 /// leaked, the pattern NumPy's deleter uses. A daemon thread that CPython ends
 /// while it takes the GIL at interpreter exit parks there (see
-/// `dlbridge::thread_exit`); `release` guards its own calls into Python.
+/// `dlbridge::thread_exit`).
 pub(crate) fn with_gil_unless_finalized(release: impl FnOnce()) {
     // SAFETY: `Py_IsInitialized` may be called at any time; the GIL state calls
-    // pair up around `release`; the guarded closure only calls Ensure.
+    // pair up around `release`.
     unsafe {
         if ffi::Py_IsInitialized() == 0 {
             return;
@@ -42,8 +42,8 @@ pub(crate) fn with_gil_unless_finalized(release: impl FnOnce()) {
 /// # Safety
 /// `obj` is a strong reference the caller owns; the GIL is held.
 pub(crate) unsafe fn release_reference(obj: *mut ffi::PyObject) {
-    // SAFETY: forwarded from the caller; the closure only calls into Python.
-    unsafe { parking_on_exit(|| ffi::Py_DECREF(obj)) }
+    // SAFETY: forwarded from the caller.
+    parking_on_exit(|| unsafe { ffi::Py_DECREF(obj) })
 }
 
 /// Exports `view`, memory that `obj` keeps alive, in one block from Python's
@@ -168,8 +168,8 @@ impl Drop for BufferOwner {
     fn drop(&mut self) {
         let view = core::ptr::from_mut(&mut *self.0);
         // SAFETY: with the GIL taken; the view was filled by PyObject_GetBuffer
-        // and is released once; the guarded closure only calls into Python.
-        with_gil_unless_finalized(|| unsafe { parking_on_exit(|| ffi::PyBuffer_Release(view)) });
+        // and is released once.
+        with_gil_unless_finalized(|| parking_on_exit(|| unsafe { ffi::PyBuffer_Release(view) }));
     }
 }
 

@@ -1,13 +1,16 @@
-//! Calls from Rust frames into Python code that may run for a while: a
-//! producer's methods and properties, the package's helpers written in Python.
+//! Ways between Rust frames and Python code that may run for a while: a
+//! producer's methods and properties, a caller's `__index__` or `__bool__`,
+//! the package's helpers written in Python.
 //!
 //! Python code may give the GIL up (a blocking call, or the interpreter's
 //! regular hand-over between threads) and take it back; a daemon thread that
 //! takes it back while the interpreter exits is ended by CPython 3.13 and
 //! older with `pthread_exit`, which must not unwind this crate's frames or
-//! PyO3's. Each call here parks such a thread inside the call instead (see
-//! `dlbridge::thread_exit`). Calls into C code that runs no Python
-//! (NumPy's `__dlpack__`, torch's table) need no guard.
+//! PyO3's. So every function Python calls here registers its thread first
+//! ([`entered`]; `dlbridge::thread_exit`), before any argument of the
+//! caller's is converted ([`Scalar`] for the ones PyO3 converts), and such a
+//! thread parks where it was ended instead. The calls below register too, for
+//! the ways in that Python does not make (a deleter on a thread of its own).
 
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
@@ -40,6 +43,28 @@ pub(crate) fn note_main_thread(py: Python<'_>) {
         }
     }
     NOTED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Called first by every function and method that Python code calls and that
+/// may run Python code in turn: registers the thread (see the module).
+#[inline]
+pub(crate) fn entered() {
+    dlbridge::thread_exit::park_this_thread_if_ended();
+}
+
+/// A bool or int argument that PyO3 converts before the function's body runs,
+/// with the caller's Python code (`__index__`, `__bool__`): the thread is
+/// registered before the conversion.
+#[derive(Clone, Copy)]
+pub(crate) struct Scalar<T>(pub T);
+
+impl<'a, 'py, T: FromPyObject<'a, 'py, Error = PyErr>> FromPyObject<'a, 'py> for Scalar<T> {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        entered();
+        T::extract(obj).map(Scalar)
+    }
 }
 
 /// `callable(*args)`.

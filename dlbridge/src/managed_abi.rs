@@ -61,8 +61,7 @@ macro_rules! prefix_items {
             let ptr = ptr.as_ptr();
             // SAFETY: the caller passes an owned tensor; `deleter` is in the
             // stable prefix, read by a place projection whatever the version.
-            // The deleter may run Python code (see `thread_exit`); the closure
-            // only calls it.
+            // The deleter may run Python code (see `thread_exit`).
             unsafe {
                 if let Some(deleter) = (*ptr).deleter {
                     crate::thread_exit::parking_on_exit(|| deleter(ptr));

@@ -1,38 +1,39 @@
-//! Calls into foreign code that may end the calling thread.
+//! Threads that foreign code may end while they are inside Rust frames.
 //!
 //! glibc's `pthread_exit` ends a thread by unwinding its stack ("forced
 //! unwinding"), and CPython 3.10 to 3.13 call it when a daemon thread takes
 //! the GIL back during interpreter exit: in a finalizer that sleeps, in a
-//! deleter that takes the GIL, anywhere Python code runs. Rust frames cannot
-//! be unwound that way: `catch_unwind` (in every PyO3 trampoline) aborts the
-//! process ("FATAL: exception not rethrown"), and unwinding out of an
-//! `extern "C"` call is undefined behaviour. So the foreign calls that may take
-//! the GIL back (deleters, releases of Python references, taking the GIL) go
-//! through [`parking_on_exit`]: a thread ended inside one parks there for
-//! good, before any Rust frame is unwound, as CPython 3.14 parks such threads
-//! itself. The process exits around it; NumPy's C frames need nothing of the
-//! kind, since C frames unwind without running anything.
+//! deleter that takes the GIL, in a user's `__index__` or property, anywhere
+//! Python code runs. Rust frames cannot be unwound that way: `catch_unwind`
+//! (in every PyO3 trampoline) aborts the process ("FATAL: exception not
+//! rethrown"), and unwinding out of an `extern "C"` call is undefined
+//! behaviour. So every way into dlbridge from Python, and every foreign call
+//! that may take the GIL (deleters, releases of Python references), first
+//! calls [`park_this_thread_if_ended`]: from then on, if the thread is ended
+//! so, it parks for good before any frame is unwound, as CPython 3.14 parks
+//! such threads itself. The process exits around it. A thread that returns
+//! ends as before; one that foreign code ends on purpose later (cancellation,
+//! a C library's `pthread_exit`) parks too.
 //!
 //! How: a glibc cleanup handler (`_pthread_cleanup_push`, looked up at run
-//! time, so that no symbol version of a newer glibc is linked) registered in
-//! the guarding frame runs, and never returns, when the unwind is about to
-//! leave that frame's caller: glibc judges a handler by the stack pointer of
-//! the frame being unwound. So neither the guarding frame nor the frames of the
-//! call may have anything to run on unwinding (no destructors; no
-//! `catch_unwind`): the unwinder would run it first. Elsewhere (musl and macOS
-//! end threads without unwinding; Miri) the call is made as it is.
+//! time, so that no symbol version of a newer glibc is linked) whose buffer
+//! lives off the stack, pushed once per thread and popped when the thread's
+//! locals end. glibc runs a handler once the unwind has left the frame that
+//! holds its buffer, comparing addresses from the stack's top (`unwind_stop`);
+//! an address off the stack counts as left by every frame, so the handler
+//! (which never returns) runs at the first frame. Elsewhere (musl and macOS
+//! end threads without unwinding; Miri) nothing is registered.
 
-use core::ffi::c_void;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 /// A thread that is never ended so (`pthread_self` of it; 0 for none): the
 /// one that will finalize the interpreter, CPython's main thread. Calls on it
-/// skip the handler, whose push and pop cost a tenth of a quick call.
+/// skip the registration check.
 static UNENDED: AtomicU64 = AtomicU64::new(0);
 
 /// Says that the thread whose `pthread_self()` is `thread` is never ended by
 /// `pthread_exit` (CPython's main thread, which finalizes the interpreter and
-/// which CPython never ends): guarded calls on it run as they are.
+/// which CPython never ends): it is never registered.
 pub fn set_unended_thread(thread: u64) {
     UNENDED.store(thread, Ordering::Relaxed);
 }
@@ -50,58 +51,25 @@ fn on_unended_thread() -> bool {
     true
 }
 
-/// Calls `call`; if the thread is ended inside it by `pthread_exit` (forced
-/// unwinding), the thread parks forever instead of unwinding any frame outside
-/// the call.
-///
-/// # Safety
-/// `call` must be sound to call, must not panic, and must be a plain frame:
-/// the frames inside the guard are unwound first, so it makes foreign calls
-/// only (Python's, a deleter), with no value that has a destructor alive
-/// across them. (Its captures are `Copy`, so they have none.)
+/// Makes the calling thread park, from now until it ends, if `pthread_exit`
+/// ends it (or it is cancelled): whatever frames are then on its stack (Rust
+/// ones with destructors, PyO3's `catch_unwind`, Python code a conversion
+/// ran), none is unwound. One registration per thread; a check after.
 #[inline]
-pub unsafe fn parking_on_exit<R: Copy, F: FnOnce() -> R + Copy>(call: F) -> R {
+pub fn park_this_thread_if_ended() {
     if on_unended_thread() {
-        return call();
+        return;
     }
-    /// The closure and, once it ran, its result.
-    struct Slot<F, R> {
-        call: F,
-        result: Option<R>,
-    }
-    unsafe extern "C-unwind" fn run<F: FnOnce() -> R + Copy, R: Copy>(slot: *mut c_void) {
-        // SAFETY: the slot below, alive for the call.
-        let slot = unsafe { &mut *slot.cast::<Slot<F, R>>() };
-        slot.result = Some((slot.call)());
-    }
-    let mut slot = Slot { call, result: None };
-    let arg = core::ptr::from_mut(&mut slot).cast::<c_void>();
-    // SAFETY: `run` calls the caller's closure, a plain frame (the caller's contract).
-    unsafe { guarded(run::<F, R>, arg) };
-    match slot.result {
-        Some(result) => result,
-        // `run` returns only after storing the result.
-        None => unreachable_result(),
-    }
-}
-
-#[cold]
-fn unreachable_result() -> ! {
-    std::process::abort()
-}
-
-/// `call(arg)`, guarded where glibc can be asked to.
-///
-/// # Safety
-/// `call(arg)` is sound to call and a plain frame.
-unsafe fn guarded(call: unsafe extern "C-unwind" fn(*mut c_void), arg: *mut c_void) {
     #[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
-    if let Some(handlers) = glibc::handlers() {
-        // SAFETY: forwarded from the caller.
-        return unsafe { glibc::guarded(handlers, call, arg) };
-    }
-    // SAFETY: forwarded from the caller.
-    unsafe { call(arg) }
+    glibc::park_this_thread_if_ended();
+}
+
+/// Calls `call`, a foreign call that may end the thread (a deleter, taking
+/// the GIL, releasing a Python reference), with the thread registered first.
+#[inline]
+pub fn parking_on_exit<R>(call: impl FnOnce() -> R) -> R {
+    park_this_thread_if_ended();
+    call()
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
@@ -112,7 +80,7 @@ mod glibc {
 
     /// glibc's `struct _pthread_cleanup_buffer` (the same on every architecture).
     #[repr(C)]
-    pub(super) struct CleanupBuffer {
+    struct CleanupBuffer {
         routine: Option<unsafe extern "C" fn(*mut c_void)>,
         arg: *mut c_void,
         canceltype: c_int,
@@ -123,13 +91,13 @@ mod glibc {
     type Pop = unsafe extern "C" fn(*mut CleanupBuffer, c_int);
 
     #[derive(Clone, Copy)]
-    pub(super) struct Handlers {
+    struct Handlers {
         push: Push,
         pop: Pop,
     }
 
     /// `_pthread_cleanup_push` and `_pthread_cleanup_pop`, found once.
-    pub(super) fn handlers() -> Option<Handlers> {
+    fn handlers() -> Option<Handlers> {
         static FOUND: OnceLock<Option<Handlers>> = OnceLock::new();
         *FOUND.get_or_init(|| {
             let find = |name: &CStr| {
@@ -143,7 +111,7 @@ mod glibc {
         })
     }
 
-    /// Never returns: the thread's end was asked for inside a guarded call.
+    /// Never returns: the thread's end was asked for after it registered.
     unsafe extern "C" fn park_forever(_: *mut c_void) {
         loop {
             // SAFETY: waits for a signal; always safe.
@@ -151,21 +119,42 @@ mod glibc {
         }
     }
 
-    /// The buffer lives in this frame, so glibc runs `park_forever` when a
-    /// forced unwind reaches this frame's caller, after the frames of `call`
-    /// and this one (which hold nothing to run on unwinding: no drop guard,
-    /// so the pop is explicit, and `call` must not panic).
-    #[inline(never)]
-    pub(super) unsafe fn guarded(handlers: Handlers, call: unsafe extern "C-unwind" fn(*mut c_void), arg: *mut c_void) {
-        let mut buffer = MaybeUninit::<CleanupBuffer>::uninit();
-        // SAFETY: glibc fills the buffer and links it into this thread's list;
-        // it is unlinked below, before the frame ends (`call` does not unwind
-        // but by ending the thread, when the handler parks it here).
-        unsafe {
-            (handlers.push)(buffer.as_mut_ptr(), park_forever, core::ptr::null_mut());
-            call(arg);
-            // 0: unlink it without running it.
-            (handlers.pop)(buffer.as_mut_ptr(), 0);
+    /// A cleanup buffer off the stack, linked into its thread's list for the
+    /// thread's life. glibc runs a buffer's handler once the unwind has left
+    /// the buffer's frame, comparing addresses with the stack's top as origin
+    /// (`unwind_stop`): an address off the thread's stack counts as left by
+    /// every frame, so the handler runs at the first frame, before any is unwound.
+    struct ThreadRegistration(Option<(Box<MaybeUninit<CleanupBuffer>>, Handlers)>);
+
+    impl ThreadRegistration {
+        fn new() -> Self {
+            ThreadRegistration(handlers().map(|handlers| {
+                let mut buffer = Box::new(MaybeUninit::<CleanupBuffer>::uninit());
+                // SAFETY: glibc fills the buffer and links it into this thread's
+                // list; the box lives until the thread-local's destructor unlinks it.
+                unsafe { (handlers.push)(buffer.as_mut_ptr(), park_forever, core::ptr::null_mut()) };
+                (buffer, handlers)
+            }))
         }
+    }
+
+    impl Drop for ThreadRegistration {
+        fn drop(&mut self) {
+            // The thread returned (thread-locals end after its function):
+            // every buffer pushed since was popped, so this one is the head.
+            if let Some((buffer, handlers)) = &mut self.0 {
+                // SAFETY: the buffer `new` linked; 0: unlinked without running it.
+                unsafe { (handlers.pop)(buffer.as_mut_ptr(), 0) };
+            }
+        }
+    }
+
+    thread_local! {
+        static REGISTRATION: ThreadRegistration = ThreadRegistration::new();
+    }
+
+    pub(super) fn park_this_thread_if_ended() {
+        // Err only while the thread's locals are destroyed: nothing to do then.
+        let _ = REGISTRATION.try_with(|_| ());
     }
 }

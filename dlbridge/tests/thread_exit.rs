@@ -1,7 +1,7 @@
-//! A thread ended by `pthread_exit` inside a guarded call (as CPython ends a
+//! A thread ended by `pthread_exit` once it registered (as CPython ends a
 //! daemon thread that takes the GIL back at interpreter exit) parks there: no
-//! Rust frame outside the call is unwound (a destructor would run; std's
-//! `catch_unwind` around the thread would abort the process).
+//! Rust frame is unwound (a destructor would run; std's `catch_unwind` around
+//! the thread would abort the process).
 #![cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,8 +25,8 @@ fn a_thread_ended_inside_a_guarded_call_parks_without_unwinding_rust_frames() {
     std::thread::spawn(move || {
         let _marker = Marker;
         entered.send(()).unwrap();
-        // SAFETY: the closure only calls pthread_exit, a foreign call that ends the thread.
-        unsafe { dlbridge::thread_exit::parking_on_exit(|| libc::pthread_exit(core::ptr::null_mut())) };
+        // SAFETY: pthread_exit ends the thread; nothing after it runs.
+        dlbridge::thread_exit::parking_on_exit(|| unsafe { libc::pthread_exit(core::ptr::null_mut()) });
         RETURNED.store(true, Ordering::SeqCst);
     });
     wait.recv().unwrap();
@@ -37,8 +37,41 @@ fn a_thread_ended_inside_a_guarded_call_parks_without_unwinding_rust_frames() {
 
 #[test]
 fn a_guarded_call_returns_its_result() {
-    // SAFETY: the closure calls nothing that ends the thread.
-    let value = unsafe { dlbridge::thread_exit::parking_on_exit(|| 6 * 7) };
+    let value = dlbridge::thread_exit::parking_on_exit(|| 6 * 7);
     assert_eq!(value, 42);
 }
 
+#[test]
+fn a_registered_thread_ended_anywhere_parks_without_unwinding_rust_frames() {
+    static UNWOUND_HERE: AtomicBool = AtomicBool::new(false);
+    struct MarkerHere;
+    impl Drop for MarkerHere {
+        fn drop(&mut self) {
+            UNWOUND_HERE.store(true, Ordering::SeqCst);
+        }
+    }
+    let (entered, wait) = mpsc::channel();
+    std::thread::spawn(move || {
+        dlbridge::thread_exit::park_this_thread_if_ended();
+        // A frame with a destructor and std's catch_unwind (around every spawned
+        // thread) between the registration and the end: neither may run.
+        let _marker = MarkerHere;
+        entered.send(()).unwrap();
+        // SAFETY: ends the thread; nothing after it runs.
+        unsafe { libc::pthread_exit(core::ptr::null_mut()) };
+    });
+    wait.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!UNWOUND_HERE.load(Ordering::SeqCst), "a Rust frame was unwound after the thread registered");
+}
+
+#[test]
+fn a_registered_thread_that_returns_ends_normally() {
+    // Its registration is undone when its locals end, whatever it called.
+    let handle = std::thread::spawn(|| {
+        dlbridge::thread_exit::park_this_thread_if_ended();
+        dlbridge::thread_exit::park_this_thread_if_ended();
+        dlbridge::thread_exit::parking_on_exit(|| 7)
+    });
+    assert_eq!(handle.join().unwrap(), 7);
+}

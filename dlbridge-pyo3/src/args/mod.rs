@@ -317,10 +317,12 @@ impl<'py, T: Dtype, D: Rank, Dev: DeviceKind, L: LayoutKind> PyTensorMut<'py, T,
     }
 }
 
-/// Runs now whatever Python code extraction could need (finding the borrow
-/// registry and the package's table), before any argument's pointers are taken.
+/// Registers the thread (extraction runs the caller's Python code), and runs
+/// now whatever Python code extraction could need (finding the borrow registry
+/// and the package's table), before any argument's pointers are taken.
 #[inline(always)]
 fn prepare(py: Python<'_>) {
+    crate::python_calls::entered();
     // Once all of it is done, one load per argument.
     static PREPARED: AtomicBool = AtomicBool::new(false);
     if !PREPARED.load(Ordering::Relaxed) {

@@ -325,6 +325,7 @@ unsafe fn dlpack_body(
     nargsf: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
 ) -> PyResult<*mut ffi::PyObject> {
+    crate::python_calls::entered();
     // SAFETY: a method descriptor of Tensor only calls this with a Tensor `self`;
     // the arguments are those of this vectorcall.
     let (slf, [stream, max_version, dl_device, copy]) = unsafe {

@@ -13,6 +13,7 @@ use pyo3::{ffi, intern};
 use super::{buffer, dlpack, pickle, tolist, Tensor};
 use crate::convert::{device_tuple, DType};
 use crate::errors::IntoPyResult;
+use crate::python_calls::{entered, Scalar};
 
 /// The `dlbridge.Tensor` class: immutable, over one [`Tensor`].
 #[pyclass(frozen, freelist = 64, module = "dlbridge", name = "Tensor")]
@@ -167,17 +168,20 @@ impl TensorObject {
     }
 
     /// Pickle support: out-of-band bytes with protocol 5, in-band before.
-    fn __reduce_ex__<'py>(slf: &Bound<'py, Self>, protocol: i64) -> PyResult<Bound<'py, PyTuple>> {
-        pickle::reduce_ex(slf, protocol)
+    fn __reduce_ex__<'py>(slf: &Bound<'py, Self>, protocol: Scalar<i64>) -> PyResult<Bound<'py, PyTuple>> {
+        entered();
+        pickle::reduce_ex(slf, protocol.0)
     }
 
     /// `copy.copy`: the same values and writability in new memory (see pickle.rs).
     fn __copy__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        entered();
         pickle::copy(slf)
     }
 
     /// `copy.deepcopy`: as `copy.copy`, since a tensor holds no Python objects.
     fn __deepcopy__<'py>(slf: &Bound<'py, Self>, _memo: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        entered();
         pickle::copy(slf)
     }
 
@@ -202,6 +206,7 @@ impl TensorObject {
     /// it already is): pickling it sends a handle, and the receiving process
     /// maps the same memory. See `dlbridge.share_memory`.
     fn share_memory<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        entered();
         if slf.get().origin.is_some() {
             return Ok(slf.clone().into_any());
         }
@@ -220,6 +225,7 @@ impl TensorObject {
     /// the tensor; `ml_dtypes` types (bfloat16, float8, ...) for the dtypes
     /// NumPy lacks. A packed sub-byte tensor is unpacked into a new array.
     fn numpy<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        entered();
         // Whatever route NumPy is given below, host code reads the memory next.
         slf.get().check_host_access()?;
         let py = slf.py();

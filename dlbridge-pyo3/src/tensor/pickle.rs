@@ -32,6 +32,7 @@ use crate::borrows::HeldRead;
 use crate::convert::{parse_dtype, parse_pickled_shape};
 use crate::errors::IntoPyResult;
 use crate::owner::{open_buffer, PyOwner};
+use crate::python_calls::{entered, Scalar};
 use crate::writability::Writability;
 
 /// The reads of a tensor's bytes that pickling and copying make, all of them:
@@ -207,8 +208,10 @@ pub(crate) fn _rebuild_tensor(
     dtype: &Bound<'_, PyAny>,
     shape: &Bound<'_, PyAny>,
     writability: &str,
-    padded: bool,
+    padded: Scalar<bool>,
 ) -> PyResult<Tensor> {
+    entered();
+    let padded = padded.0;
     let malformed = |why: String| PyValueError::new_err(format!("malformed dlbridge pickle: {why}"));
     let dtype = parse_dtype(dtype).map_err(|e| malformed(e.value(payload.py()).to_string()))?;
     let writability = Writability::from_name(writability).ok_or_else(|| malformed(format!("writability {writability:?}")))?;

@@ -37,6 +37,7 @@ use super::Tensor;
 use crate::convert::{parse_dtype, parse_pickled_shape};
 use crate::errors::IntoPyResult;
 use crate::owner::open_buffer;
+use crate::python_calls::{entered, Scalar};
 use crate::writability::Writability;
 
 /// `_shared_tensor(name, size, dtype, shape, writability, padded, fill=None)`:
@@ -49,13 +50,15 @@ use crate::writability::Writability;
 pub(crate) fn _shared_tensor(
     py: Python<'_>,
     name: Option<&str>,
-    size: usize,
+    size: Scalar<usize>,
     dtype: &Bound<'_, PyAny>,
     shape: &Bound<'_, PyAny>,
     writability: &str,
-    padded: bool,
+    padded: Scalar<bool>,
     fill: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Tensor> {
+    entered();
+    let (size, padded) = (size.0, padded.0);
     let malformed = |why: String| PyValueError::new_err(format!("malformed dlbridge shared-memory handle: {why}"));
     let dtype = parse_dtype(dtype)?;
     let writability = Writability::from_name(writability).ok_or_else(|| malformed(format!("writability {writability:?}")))?;
