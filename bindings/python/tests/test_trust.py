@@ -84,6 +84,52 @@ except BufferError as e:
     assert out.splitlines() == ["True ['own __dlpack__']", "refused"]
 
 
+# A heap subclass of a static type that publishes a table and defines __dlpack__ (tvm-ffi's test
+# wrapper), whose metaclass answers another capsule for the class attribute (review finding 1).
+METACLASS_CAPSULE = """
+import ctypes
+import numpy as np, torch, tvm_ffi, dlbridge
+from tvm_ffi.core import DLTensorTestWrapper
+calls = []
+FROM = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+@FROM
+def from_py(obj, out):
+    calls.append("from_py_object")
+    return -1
+class API(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("prev", ctypes.c_void_p),
+                ("alloc", ctypes.c_void_p), ("from_py", FROM), ("to_py", ctypes.c_void_p),
+                ("fill", ctypes.c_void_p), ("stream", ctypes.c_void_p)]
+api = API(1, 3, None, None, from_py, None, None, None)
+new_capsule = ctypes.pythonapi.PyCapsule_New
+new_capsule.restype = ctypes.py_object
+new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+capsules = {"counting": new_capsule(ctypes.addressof(api), b"dlpack_exchange_api", None),
+            "torch": torch.Tensor.__dlpack_c_exchange_api__}
+class Meta(type):
+    @property
+    def __dlpack_c_exchange_api__(cls):
+        calls.append("metaclass property")
+        return capsules[CAPSULE]
+class Wrapper(DLTensorTestWrapper, metaclass=Meta):
+    @property
+    def __class__(self):
+        return torch.Tensor
+x = Wrapper(tvm_ffi.from_dlpack(np.arange(4, dtype=np.float32)))
+print(dlbridge.from_dlpack(x).tolist(), calls)
+"""
+
+
+@pytest.mark.parametrize("capsule", ["counting", "torch"])
+def test_a_metaclass_cannot_answer_another_capsule_for_a_static_publisher(capsule):
+    # Before: dlbridge read the capsule with an attribute lookup, which the metaclass answers, and
+    # handed tvm-ffi's object to the answered table (a counting one was called; torch's reads it
+    # as a THPVariable). Now the capsule is read from the static publisher's own dict.
+    pytest.importorskip("tvm_ffi")
+    rc, out, err = child(f"CAPSULE = {capsule!r}\n" + METACLASS_CAPSULE)
+    assert (rc, out) == (0, "[0.0, 1.0, 2.0, 3.0] []"), err
+
+
 def test_torch_tensors_still_use_torchs_table():
     # The real thing keeps its fast path: torch's __dlpack__ is not called for a plain tensor.
     rc, out, err = child("""

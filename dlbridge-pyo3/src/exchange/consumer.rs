@@ -27,7 +27,7 @@ use pyo3::{ffi, intern};
 
 use super::guard::{torch_checks, Guard};
 use super::{compatible, EXCHANGE_API_CAPSULE_NAME};
-use crate::trust::{definer, is_static_type, trusted_for_tests};
+use crate::trust::{definer, is_static_type, own_dict_item, trusted_for_tests};
 use crate::writability::Writability;
 
 /// A type's exchange table and the checks to make before using it.
@@ -46,14 +46,17 @@ pub struct Table {
 /// publishes it also defines the `__dlpack__` its instances run.
 fn find(ty: &Bound<'_, PyType>) -> Option<Table> {
     let py = ty.py();
-    let value = ty.getattr(intern!(py, "__dlpack_c_exchange_api__")).ok()?;
-    // SAFETY: a name check on a live object; IsValid never raises.
-    if unsafe { ffi::PyCapsule_IsValid(value.as_ptr(), EXCHANGE_API_CAPSULE_NAME.as_ptr()) } != 1 {
-        return None;
-    }
-    let publisher = definer(ty, intern!(py, "__dlpack_c_exchange_api__"))?;
+    let name = intern!(py, "__dlpack_c_exchange_api__");
+    let publisher = definer(ty, name)?;
     let method_owner = definer(ty, intern!(py, "__dlpack__"))?;
     if !publisher.is(&method_owner) {
+        return None;
+    }
+    // From the publisher's own dict, never by attribute lookup: a metaclass
+    // answers that (with any capsule, or by running Python code).
+    let value = own_dict_item(&publisher, name)?;
+    // SAFETY: a name check on a live object; IsValid never raises.
+    if unsafe { ffi::PyCapsule_IsValid(value.as_ptr(), EXCHANGE_API_CAPSULE_NAME.as_ptr()) } != 1 {
         return None;
     }
     // SAFETY: validated capsule; its pointer is a process-lifetime table.
