@@ -148,6 +148,27 @@ def test_an_impostor_ml_dtypes_module_is_not_trusted():
     assert out.stdout.split("\n")[:3] == ["refused", "[42, 42, 42, 42]", "bfloat16"]
 
 
+def test_a_numpy_subclass_posing_as_an_ml_dtypes_type_is_not_trusted():
+    # A Python-made numpy.float16 subclass has a 2-byte NumPy dtype, but that dtype is float16's:
+    # trusted, it once made numpy() read bfloat16 bits as float16 values, and stayed cached.
+    pytest.importorskip("torch")
+    code = (
+        "import sys, types, numpy as np, torch\n"
+        "fake = types.ModuleType('ml_dtypes')\n"
+        "class bfloat16(np.float16): pass\n"
+        "fake.bfloat16 = bfloat16; sys.modules['ml_dtypes'] = fake\n"
+        "import dlbridge\n"
+        "t = dlbridge.from_dlpack(torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16))\n"
+        "try:\n    print(t.numpy().tolist())\n"
+        "except TypeError as e:\n    print('refused')\n"
+        "del sys.modules['ml_dtypes']; import ml_dtypes\n"
+        "a = t.numpy(); print(a.dtype, [float(v) for v in a])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["refused", "bfloat16 [1.0, 2.0, 3.0]"]
+
+
 def test_python_run_by_the_ml_dtypes_lookup_cannot_free_what_the_import_reads():
     # The first bfloat16 array makes dlbridge read ml_dtypes' types from sys.modules, which runs
     # Python. A fake module's __getattr__ that changed the array's dtype there freed the descr the

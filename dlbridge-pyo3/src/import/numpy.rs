@@ -122,8 +122,9 @@ static ML_TABLE: std::sync::OnceLock<Vec<MlType>> = std::sync::OnceLock::new();
 const NPY_USERDEF: core::ffi::c_int = 256;
 
 /// Each `ml_dtypes` type, read once from the imported module and kept only if
-/// it is what `ml_dtypes` makes: a `numpy.generic` subclass whose NumPy dtype
-/// has the DLPack dtype's item size. Anything may sit in `sys.modules` under
+/// it is what `ml_dtypes` makes: a `numpy.generic` subclass with a NumPy dtype
+/// registered for it (a user-defined type number, this scalar type) that has
+/// the DLPack dtype's item size. Anything may sit in `sys.modules` under
 /// that name; a module with any other entry is not trusted (and asked again
 /// next time). Empty while `ml_dtypes` is not imported.
 fn ml_dtypes_table(py: Python<'_>) -> &'static [MlType] {
@@ -144,7 +145,11 @@ fn ml_dtypes_table(py: Python<'_>) -> &'static [MlType] {
             let described = dtype_of.call1((&ty,))?;
             let itemsize: usize = described.getattr("itemsize")?.extract()?;
             let kind: String = described.getattr("kind")?.extract()?;
-            if itemsize != numpy_itemsize(dtype) || kind.len() != 1 {
+            // A dtype registered for this very type (a Python-made subclass of
+            // float16 gets float16's, whose scalar type is float16).
+            let num: core::ffi::c_int = described.getattr("num")?.extract()?;
+            let own = described.getattr("type")?.is(&ty) && num >= NPY_USERDEF;
+            if !own || itemsize != numpy_itemsize(dtype) || kind.len() != 1 {
                 return Ok(None);
             }
             let scalar = ty.as_ptr() as usize;
