@@ -53,7 +53,7 @@ pub(crate) fn asarray(obj: &Bound<'_, PyAny>, copy: Option<Scalar<bool>>) -> PyR
 /// way), or with `shared=True` a tensor in a shared-memory segment, which
 /// pickles as a handle (see `dlbridge._shared`).
 #[pyfunction]
-#[pyo3(signature = (shape, dtype=None, *, shared=Scalar(false)))]
+#[pyo3(signature = (shape, dtype=None, *, shared=Scalar(false)), text_signature = "(shape, dtype=None, *, shared=False)")]
 pub(crate) fn empty<'py>(shape: &Bound<'py, PyAny>, dtype: Option<&Bound<'py, PyAny>>, shared: Scalar<bool>) -> PyResult<Bound<'py, PyAny>> {
     entered();
     let py = shape.py();
