@@ -103,7 +103,6 @@ use pyo3::prelude::*;
 pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     // The process's borrow registry, published by the first extension that loads.
     let _ = borrows::prepare(); // refused borrows say why when they happen
-    python_calls::note_main_thread(module.py());
     gil::release_in_driver_calls();
     module.add_class::<TensorObject>()?;
     // This module's class is the one `dlbridge.Tensor` of the process.

@@ -6,44 +6,19 @@
 //! regular hand-over between threads) and take it back; a daemon thread that
 //! takes it back while the interpreter exits is ended by CPython 3.13 and
 //! older with `pthread_exit`, which must not unwind this crate's frames or
-//! PyO3's. So every function Python calls here registers its thread first
-//! ([`entered`]; `dlbridge::thread_exit`), before any argument of the
+//! PyO3's. Any allocation may run Python code too (a collection's
+//! finalizers). So every function Python calls here registers its thread
+//! first ([`entered`]; `dlbridge::thread_exit`), before any argument of the
 //! caller's is converted ([`Scalar`] for the ones PyO3 converts), and such a
-//! thread parks where it was ended instead. The calls below register too, for
-//! the ways in that Python does not make (a deleter on a thread of its own).
+//! thread parks where it was ended instead: `scripts/house.py` checks that
+//! every `#[pyfunction]` and `#[pymethods]` function begins so. The C entry
+//! points (`errors::for_c_caller`) and the calls below register too.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 use pyo3::ffi;
 
 use dlbridge::thread_exit::parking_on_exit;
-
-/// Tells `dlbridge::thread_exit` which thread CPython never ends (the main
-/// thread, which finalizes the interpreter), so that calls there skip the
-/// guard; once per extension (each links its own copy of the core).
-pub(crate) fn note_main_thread(py: Python<'_>) {
-    // Not a OnceLock: its initialiser runs Python code (imports), and a thread
-    // waiting on the lock with the GIL would deadlock it. Two threads may both
-    // ask; they get the same answer.
-    static NOTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if NOTED.load(std::sync::atomic::Ordering::Relaxed) {
-        return;
-    }
-    {
-        // 3.12+: the C-level answer; before, threading's main thread, which is
-        // right unless threading was first imported in another thread.
-        let ident = py
-            .import("_thread")
-            .and_then(|t| t.call_method0("_get_main_thread_ident"))
-            .or_else(|_| py.import("threading").and_then(|t| t.call_method0("main_thread")?.getattr("ident")))
-            .and_then(|ident| ident.extract::<u64>());
-        match ident {
-            Ok(ident) => dlbridge::thread_exit::set_unended_thread(ident),
-            Err(err) => drop(err), // every call stays guarded
-        }
-    }
-    NOTED.store(true, std::sync::atomic::Ordering::Relaxed);
-}
 
 /// Called first by every function and method that Python code calls and that
 /// may run Python code in turn: registers the thread (see the module).

@@ -26,30 +26,11 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-/// A thread that is never ended so (`pthread_self` of it; 0 for none): the
-/// one that will finalize the interpreter, CPython's main thread. Calls on it
-/// skip the registration check.
-static UNENDED: AtomicU64 = AtomicU64::new(0);
-
-/// Says that the thread whose `pthread_self()` is `thread` is never ended by
-/// `pthread_exit` (CPython's main thread, which finalizes the interpreter and
-/// which CPython never ends): it is never registered.
-pub fn set_unended_thread(thread: u64) {
-    UNENDED.store(thread, Ordering::Relaxed);
-}
-
-/// Whether the calling thread is the one [`set_unended_thread`] named.
-#[inline]
-fn on_unended_thread() -> bool {
-    #[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
-    {
-        let unended = UNENDED.load(Ordering::Relaxed);
-        // SAFETY: pthread_self may be called on any thread.
-        unended != 0 && unended == unsafe { libc::pthread_self() } as u64
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu", not(miri))))]
-    true
-}
+/// The thread that last found itself registered (`pthread_self` of it; 0 for
+/// none), so that a run of calls on one thread (the main thread, mostly) costs
+/// a load and a compare. Cleared by that thread's end, before glibc can give
+/// its `pthread_t` to a new thread.
+static LAST_REGISTERED: AtomicU64 = AtomicU64::new(0);
 
 /// Makes the calling thread park, from now until it ends, if `pthread_exit`
 /// ends it (or it is cancelled): whatever frames are then on its stack (Rust
@@ -57,11 +38,14 @@ fn on_unended_thread() -> bool {
 /// ran), none is unwound. One registration per thread; a check after.
 #[inline]
 pub fn park_this_thread_if_ended() {
-    if on_unended_thread() {
-        return;
-    }
     #[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
-    glibc::park_this_thread_if_ended();
+    {
+        // SAFETY: pthread_self may be called on any thread.
+        let this = unsafe { libc::pthread_self() } as u64;
+        if LAST_REGISTERED.load(Ordering::Relaxed) != this {
+            glibc::register(this);
+        }
+    }
 }
 
 /// Calls `call`, a foreign call that may end the thread (a deleter, taking
@@ -76,6 +60,7 @@ pub fn parking_on_exit<R>(call: impl FnOnce() -> R) -> R {
 mod glibc {
     use core::ffi::{c_int, c_void, CStr};
     use core::mem::MaybeUninit;
+    use core::sync::atomic::Ordering;
     use std::sync::OnceLock;
 
     /// glibc's `struct _pthread_cleanup_buffer` (the same on every architecture).
@@ -124,25 +109,32 @@ mod glibc {
     /// the buffer's frame, comparing addresses with the stack's top as origin
     /// (`unwind_stop`): an address off the thread's stack counts as left by
     /// every frame, so the handler runs at the first frame, before any is unwound.
-    struct ThreadRegistration(Option<(Box<MaybeUninit<CleanupBuffer>>, Handlers)>);
+    struct ThreadRegistration {
+        handler: Option<(Box<MaybeUninit<CleanupBuffer>>, Handlers)>,
+        /// `pthread_self` of the thread, once it registered.
+        thread: core::cell::Cell<u64>,
+    }
 
     impl ThreadRegistration {
         fn new() -> Self {
-            ThreadRegistration(handlers().map(|handlers| {
+            let handler = handlers().map(|handlers| {
                 let mut buffer = Box::new(MaybeUninit::<CleanupBuffer>::uninit());
                 // SAFETY: glibc fills the buffer and links it into this thread's
                 // list; the box lives until the thread-local's destructor unlinks it.
                 unsafe { (handlers.push)(buffer.as_mut_ptr(), park_forever, core::ptr::null_mut()) };
                 (buffer, handlers)
-            }))
+            });
+            ThreadRegistration { handler, thread: core::cell::Cell::new(0) }
         }
     }
 
     impl Drop for ThreadRegistration {
         fn drop(&mut self) {
+            // A new thread may get this one's pthread_t: it is not registered.
+            let _ = super::LAST_REGISTERED.compare_exchange(self.thread.get(), 0, Ordering::Relaxed, Ordering::Relaxed);
             // The thread returned (thread-locals end after its function):
             // every buffer pushed since was popped, so this one is the head.
-            if let Some((buffer, handlers)) = &mut self.0 {
+            if let Some((buffer, handlers)) = &mut self.handler {
                 // SAFETY: the buffer `new` linked; 0: unlinked without running it.
                 unsafe { (handlers.pop)(buffer.as_mut_ptr(), 0) };
             }
@@ -153,8 +145,12 @@ mod glibc {
         static REGISTRATION: ThreadRegistration = ThreadRegistration::new();
     }
 
-    pub(super) fn park_this_thread_if_ended() {
-        // Err only while the thread's locals are destroyed: nothing to do then.
-        let _ = REGISTRATION.try_with(|_| ());
+    #[cold]
+    pub(super) fn register(this: u64) {
+        // Err only while the thread's locals are destroyed: it is ending by
+        // returning, and is not remembered as registered.
+        if REGISTRATION.try_with(|registration| registration.thread.set(this)).is_ok() {
+            super::LAST_REGISTERED.store(this, Ordering::Relaxed);
+        }
     }
 }

@@ -75,3 +75,35 @@ fn a_registered_thread_that_returns_ends_normally() {
     });
     assert_eq!(handle.join().unwrap(), 7);
 }
+
+#[test]
+fn a_thread_given_an_ended_threads_pthread_t_registers_itself() {
+    static UNWOUND_REUSED: AtomicBool = AtomicBool::new(false);
+    struct MarkerReused;
+    impl Drop for MarkerReused {
+        fn drop(&mut self) {
+            UNWOUND_REUSED.store(true, Ordering::SeqCst);
+        }
+    }
+    // SAFETY: pthread_self may be called on any thread.
+    let ended = std::thread::spawn(|| {
+        dlbridge::thread_exit::park_this_thread_if_ended();
+        unsafe { libc::pthread_self() }
+    })
+    .join()
+    .unwrap();
+    // glibc gives a joined thread's stack, and with it its pthread_t, to the next thread.
+    let (entered, wait) = mpsc::channel();
+    std::thread::spawn(move || {
+        // SAFETY: as above.
+        let reused = unsafe { libc::pthread_self() } == ended;
+        dlbridge::thread_exit::park_this_thread_if_ended();
+        let _marker = MarkerReused;
+        entered.send(reused).unwrap();
+        // SAFETY: ends the thread; nothing after it runs.
+        unsafe { libc::pthread_exit(core::ptr::null_mut()) };
+    });
+    let reused = wait.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!UNWOUND_REUSED.load(Ordering::SeqCst), "a thread with a reused pthread_t (reused: {reused}) was unwound");
+}

@@ -333,7 +333,6 @@ fn prepare(py: Python<'_>) {
 #[cold]
 fn prepare_once(py: Python<'_>, prepared: &AtomicBool) {
     let registry = crate::borrows::prepare();
-    crate::python_calls::note_main_thread(py);
     crate::tensor::prepare_package_api(py);
     crate::gil::release_in_driver_calls();
     // A registry not found yet (refused) is asked again by the next argument.
