@@ -33,13 +33,34 @@ PATTERNS = {
                         "try: t.__dlpack__(dl_device=(1, Sleepy()))\nexcept BufferError: pass",
     "sleepy-producer": "dlbridge.from_dlpack(SleepyProducer()).tolist()",
     "sleepy-interface": "dlbridge.asarray(Exporter(shape=(Sleepy(),))).tolist()",
+    # Only calls that make no tensor and free none, on a tensor the main thread made: a collection
+    # their allocations start runs a finalizer that gives the GIL up.
+    "collection-in-getters": "Cycle(); made_by_main.tolist(); made_by_main.shape; made_by_main.dtype.itemsize\n"
+                             "repr(made_by_main); len(made_by_main); dlbridge.DType('float32') == 'float32'",
+    # threading and dlbridge first imported by a thread that then ends (3.11's threading then takes
+    # it for the main thread, and glibc gives its pthread_t to the next thread).
+    "first-import-in-a-thread": "dlbridge.zeros(Sleepy())",
+}
+PROLOGUES = {
+    "first-import-in-a-thread": (
+        "import _thread, time\n"
+        "imported = _thread.allocate_lock(); imported.acquire()\n"
+        "def first():\n    import threading, dlbridge\n    imported.release()\n"
+        "_thread.start_new_thread(first, ()); imported.acquire(); time.sleep(0.05)\n"),
 }
 NEEDS_NUMPY = {"numpy-exporter", "numpy-from-dlpack"}
 
-CHILD = """
+CHILD = """{prologue}
 import os, pickle, sys, threading, time, ctypes
 import dlbridge
 {numpy}
+made_by_main = dlbridge.zeros((300, 2))
+class Cycle:
+    # Garbage only a collection frees, whose finalizer gives the GIL up.
+    def __init__(self):
+        self.me = self
+    def __del__(self):
+        time.sleep(0.001)
 class Exporter:
     # An array-interface exporter whose __del__ gives the GIL up (a finalizer that sleeps).
     def __init__(self, shape=(16,)):
@@ -88,7 +109,7 @@ if os.environ.get("DLBRIDGE_EXIT_CHECK_REPORT"):
 def child_code(pattern, threads=2):
     body = PATTERNS[pattern].replace("\n", "\n        ")
     numpy = "import numpy" if pattern in NEEDS_NUMPY else ""
-    return CHILD.format(body=body, threads=threads, numpy=numpy)
+    return CHILD.format(body=body, threads=threads, numpy=numpy, prologue=PROLOGUES.get(pattern, ""))
 
 
 def segments_of(pid):

@@ -1,5 +1,6 @@
-"""The house rules, checked: no circle among the imports of the files in any one folder, and no
-source file over 400 lines. Run by CI (`./dev house`); prints each breach and exits 1 on any.
+"""The house rules, checked: no circle among the imports of the files in any one folder, no
+source file over 400 lines, and every way in from Python to dlbridge-pyo3 registers its thread
+first. Run by CI (`./dev house`); prints each breach and exits 1 on any.
 
 A Rust file's imports are the modules it names through `crate::`, `super::` or `self::` paths;
 a Python file's are its relative imports. Within each folder, every file (or subfolder, taken as
@@ -164,8 +165,62 @@ def long_files():
             for f in sorted(files) if (n := len(f.read_text().splitlines())) > MAX_LINES]
 
 
+# A function Python calls, and the first statement it must make (python_calls.rs): at interpreter
+# exit CPython ends a daemon thread wherever Python code runs under it (a collection's finalizer,
+# when the function allocates), and only a registered thread parks instead of unwinding Rust frames.
+ENTRY = re.compile(r"#\[(pyfunction|pymethods)\b")
+ENTERED = re.compile(r"\s*(crate::python_calls::)?entered\(\);")
+UNREGISTERED_OK = {"testing.rs"}  # test hooks, never in a wheel
+
+
+def function_bodies(text, start, end):
+    """(name, offset of the body's first character) of each `fn` with a body in text[start:end]."""
+    for m in re.finditer(r"\bfn\s+(\w+)", text[start:end]):
+        brace, semicolon = text.find("{", start + m.end()), text.find(";", start + m.end())
+        if brace != -1 and (semicolon == -1 or brace < semicolon):
+            yield m.group(1), brace + 1
+
+
+def block_end(text, brace):
+    """The offset just past the block that opens at `brace`."""
+    depth = 0
+    for i in range(brace, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return i + 1
+    return len(text)
+
+
+def unregistered_entries():
+    crate = ROOT / "dlbridge-pyo3" / "src"
+    breaches = []
+    for file in sorted(crate.rglob("*.rs")):
+        if file.name in UNREGISTERED_OK:
+            continue
+        text = re.sub(r"//[^\n]*", "", file.read_text())
+        for m in ENTRY.finditer(text):
+            brace = text.find("{", m.end())
+            if m.group(1) == "pyfunction":
+                fn = re.compile(r"\bfn\s+(\w+)").search(text, m.end())
+                bodies = [(fn.group(1), text.find("{", fn.end()) + 1)]
+            else:
+                end = block_end(text, brace)
+                inner = text[brace + 1:end - 1]
+                # Methods only (depth 0 inside the impl block), not closures or nested fns.
+                bodies, depth = [], 0
+                for i, ch in enumerate(inner):
+                    depth += {"{": 1, "}": -1}.get(ch, 0)
+                    if ch == "f" and depth == 0 and re.match(r"fn\s+\w+", inner[i:]) and not re.match(r"\w", inner[i - 1:i] or " "):
+                        bodies += list(function_bodies(text, brace + 1 + i, brace + 1 + i + 3 + 200))[:1]
+            for name, body in bodies:
+                if not ENTERED.match(text, body):
+                    breaches.append(f"{file.relative_to(ROOT)}: {name} does not begin with entered()")
+    return breaches
+
+
 def main():
     breaches = [b for c in RUST_CRATES for b in rust_breaches(c)]
+    breaches += unregistered_entries()
     breaches += [b for p in PYTHON_PACKAGES for b in python_breaches(p)]
     breaches += long_files()
     for b in breaches:

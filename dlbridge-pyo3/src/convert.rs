@@ -6,6 +6,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
+use crate::python_calls::entered;
+
 /// The name of an object's type, for error messages.
 pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".to_owned())
@@ -94,42 +96,50 @@ impl DType {
     /// Parses a canonical name such as `"float32"` or `"float32x4"`.
     #[new]
     fn py_new(name: &str) -> PyResult<Self> {
+        entered();
         parse_dtype_name(name).map(DType)
     }
 
     /// The DLPack type code.
     #[getter]
     fn code(&self) -> u8 {
+        entered();
         self.0.code.0
     }
 
     /// Bits of one lane.
     #[getter]
     fn bits(&self) -> u8 {
+        entered();
         self.0.bits
     }
 
     /// Lanes per element.
     #[getter]
     fn lanes(&self) -> u16 {
+        entered();
         self.0.lanes
     }
 
     /// Bytes per element, or None for packed sub-byte types.
     #[getter]
     fn itemsize(&self) -> Option<usize> {
+        entered();
         self.0.itemsize()
     }
 
     fn __str__(&self) -> String {
+        entered();
         self.0.to_string()
     }
 
     fn __repr__(&self) -> String {
+        entered();
         format!("dlbridge.DType('{}')", self.0)
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        entered();
         if let Ok(other) = other.cast::<DType>() {
             return other.get().0 == self.0;
         }
@@ -142,6 +152,7 @@ impl DType {
     }
 
     fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
+        entered();
         // Equal to the hash of the canonical name, since the two compare equal.
         PyString::new(py, &self.0.to_string()).hash()
     }

@@ -45,6 +45,7 @@ pub fn exception_name(err: &Error) -> &'static core::ffi::CStr {
 /// error becomes the Python exception and `failed` is returned; a panic too,
 /// as the exception `on_panic` makes, so that no unwind crosses into C.
 pub(crate) fn for_c_caller<R>(failed: R, on_panic: impl FnOnce() -> PyErr, body: impl FnOnce(Python<'_>) -> PyResult<R>) -> R {
+    crate::python_calls::entered();
     Python::attach(|py| match catch_unwind(AssertUnwindSafe(|| body(py))) {
         Ok(Ok(value)) => value,
         Ok(Err(err)) => {

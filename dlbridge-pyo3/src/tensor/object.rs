@@ -37,18 +37,21 @@ impl TensorObject {
     /// Extent of each axis.
     #[getter]
     fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        entered();
         PyTuple::new(py, self.view().shape())
     }
 
     /// Number of axes.
     #[getter]
     fn ndim(&self) -> usize {
+        entered();
         self.view().ndim()
     }
 
     /// Number of elements.
     #[getter]
     fn size(&self) -> usize {
+        entered();
         self.view().len()
     }
 
@@ -56,6 +59,7 @@ impl TensorObject {
     /// broadcast of 2**62 float32 elements takes 2**64).
     #[getter]
     fn nbytes(&self) -> u128 {
+        entered();
         let view = self.view();
         let (count, bits) = (view.len() as u128, u128::from(view.dtype().element_bits()));
         if view.is_subbyte_padded() {
@@ -68,18 +72,21 @@ impl TensorObject {
     /// Stride of each axis, in elements; always filled in.
     #[getter]
     fn strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        entered();
         PyTuple::new(py, self.view().strides())
     }
 
     /// Element type.
     #[getter]
     fn dtype(&self) -> DType {
+        entered();
         DType(self.view().dtype())
     }
 
     /// `(device_type, device_id)`, as `__dlpack_device__` returns.
     #[getter]
     fn device<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        entered();
         device_tuple(py, self.view().device())
     }
 
@@ -87,18 +94,21 @@ impl TensorObject {
     /// and when it could not say (a legacy capsule).
     #[getter(readonly)]
     fn is_readonly(&self) -> bool {
+        entered();
         self.readonly()
     }
 
     /// Whether the producer made a copy for this tensor (IS_COPIED).
     #[getter]
     fn is_copied(&self) -> bool {
+        entered();
         self.owned.is_copied()
     }
 
     /// Address of element 0, `byte_offset` applied.
     #[getter]
     fn data_ptr(&self) -> usize {
+        entered();
         self.view().as_ptr() as usize
     }
 
@@ -106,6 +116,7 @@ impl TensorObject {
     #[classattr]
     #[pyo3(name = "__dlpack__")]
     fn dlpack_descriptor(py: Python<'_>) -> PyResult<Py<PyAny>> {
+        entered();
         // Re-entrant during type creation: PyO3 hands out the type before
         // filling its dict with class attributes such as this one.
         let ty = py.get_type::<TensorObject>();
@@ -119,17 +130,20 @@ impl TensorObject {
     /// a static table shared by every tensor.
     #[classattr]
     fn __dlpack_c_exchange_api__(py: Python<'_>) -> PyResult<Py<PyAny>> {
+        entered();
         super::exchange_table::exchange_api_capsule(py)
     }
 
     /// `(device_type, device_id)` of the memory.
     fn __dlpack_device__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        entered();
         device_tuple(py, self.view().device())
     }
 
     /// NumPy's array interface (version 3), for CPU-accessible tensors.
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        entered();
         let device = self.view().device();
         if !device.is_cpu_accessible() {
             return Err(PyAttributeError::new_err(format!("__array_interface__ is only offered on the CPU; tensor is on {device}")));
@@ -141,6 +155,7 @@ impl TensorObject {
     /// The CUDA array interface (version 3), for tensors in CUDA memory.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        entered();
         let device = self.view().device();
         if !matches!(device.device_type, DeviceType::CUDA | DeviceType::CUDA_MANAGED) {
             return Err(PyAttributeError::new_err(format!("__cuda_array_interface__ is only offered for CUDA memory; tensor is on {device}")));
@@ -153,17 +168,20 @@ impl TensorObject {
 
     /// Buffer protocol (CPU only): struct format, shape, byte strides, read-only state.
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        entered();
         // SAFETY: CPython's own buffer request.
         unsafe { buffer::get_buffer(slf, view, flags) }
     }
 
     unsafe fn __releasebuffer__(&self, view: *mut ffi::Py_buffer) {
+        entered();
         // SAFETY: a buffer that `__getbuffer__` filled.
         unsafe { buffer::release_buffer(view) }
     }
 
     /// The elements as nested Python lists (CPU only).
     fn tolist<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        entered();
         tolist::tolist(py, self.host_read(py)?.view())
     }
 
@@ -187,18 +205,21 @@ impl TensorObject {
 
     /// The bytes of a C-contiguous CPU tensor as a 1-d uint8 tensor sharing them.
     fn _bytes(slf: &Bound<'_, Self>) -> PyResult<Tensor> {
+        entered();
         pickle::bytes_view(slf)
     }
 
     /// "writable", "readonly" or "unknown" (see the README's Writability).
     #[getter]
     fn _writability(&self) -> &'static str {
+        entered();
         self.writability.name()
     }
 
     /// Whether a sub-byte dtype is stored one element per byte (IS_SUBBYTE_TYPE_PADDED).
     #[getter]
     fn _subbyte_padded(&self) -> bool {
+        entered();
         self.view().is_subbyte_padded()
     }
 
@@ -218,6 +239,7 @@ impl TensorObject {
     /// Whether the data lives in a shared-memory segment that pickles as a handle.
     #[getter]
     fn is_shared(&self) -> bool {
+        entered();
         self.origin.is_some()
     }
 
@@ -235,11 +257,13 @@ impl TensorObject {
 
     /// A C-contiguous copy in fresh memory that Rust owns.
     fn copy(&self, py: Python<'_>) -> PyResult<Tensor> {
+        entered();
         let copied: OwnedTensor = to_contiguous(self.host_read(py)?.view()).py()?;
         Ok(Tensor::new(copied))
     }
 
     fn __len__(&self) -> PyResult<usize> {
+        entered();
         self.view()
             .shape()
             .first()
@@ -248,6 +272,7 @@ impl TensorObject {
     }
 
     fn __repr__(&self) -> String {
+        entered();
         let view = self.view();
         let shape: Vec<String> = view.shape().iter().map(i64::to_string).collect();
         let shape = if shape.len() == 1 { format!("({},)", shape[0]) } else { format!("({})", shape.join(", ")) };

@@ -142,6 +142,7 @@ fn is_segment_name(name: &str) -> bool {
 /// finalizers); see `table.rs`.
 #[pyfunction]
 pub(crate) fn _shared_exit_sweep(py: Python<'_>) {
+    entered();
     table::exit_sweep(py);
 }
 
