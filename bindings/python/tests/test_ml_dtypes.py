@@ -169,6 +169,30 @@ def test_a_numpy_subclass_posing_as_an_ml_dtypes_type_is_not_trusted():
     assert out.stdout.split("\n")[:2] == ["refused", "bfloat16 [1.0, 2.0, 3.0]"]
 
 
+def test_a_module_pointing_names_at_other_ml_dtypes_types_is_not_trusted():
+    # Real, registered ml_dtypes types under each other's names (the same item size and kind):
+    # trusted, numpy() of a float8_e4m3fn tensor gave float8_e5m2 values, int4 gave uint4's.
+    code = (
+        "import sys, types, numpy as np\n"
+        "import ml_dtypes as real\n"
+        "fake = types.ModuleType('ml_dtypes')\n"
+        "for n in dir(real): setattr(fake, n, getattr(real, n))\n"
+        "fake.float8_e4m3fn, fake.float8_e5m2 = real.float8_e5m2, real.float8_e4m3fn\n"
+        "fake.int4, fake.uint4 = real.uint4, real.int4\n"
+        "sys.modules['ml_dtypes'] = fake\n"
+        "import dlbridge\n"
+        "src = np.array([1.5, -2.0, 448.0], dtype=real.float8_e4m3fn)\n"
+        "t = dlbridge._rebuild_tensor(bytes(src.view(np.uint8)), 'float8_e4m3fn', (3,), 'readonly', False)\n"
+        "try:\n    print(t.numpy().dtype, t.numpy().tolist())\n"
+        "except TypeError:\n    print('refused')\n"
+        "sys.modules['ml_dtypes'] = real\n"
+        "print(t.numpy().dtype, [float(v) for v in t.numpy()])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["refused", "float8_e4m3fn [1.5, -2.0, 448.0]"]
+
+
 def test_python_run_by_the_ml_dtypes_lookup_cannot_free_what_the_import_reads():
     # The first bfloat16 array makes dlbridge read ml_dtypes' types from sys.modules, which runs
     # Python. A fake module's __getattr__ that changed the array's dtype there freed the descr the

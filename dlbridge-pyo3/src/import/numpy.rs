@@ -149,7 +149,10 @@ fn ml_dtypes_table(py: Python<'_>) -> &'static [MlType] {
             // float16 gets float16's, whose scalar type is float16).
             let num: core::ffi::c_int = described.getattr("num")?.extract()?;
             let own = described.getattr("type")?.is(&ty) && num >= NPY_USERDEF;
-            if !own || itemsize != numpy_itemsize(dtype) || kind.len() != 1 {
+            // Named as the attribute is (a fake module may point one name at
+            // another real type of the same size: float8_e5m2 for float8_e4m3fn).
+            let named = described.getattr("name")?.extract::<String>()? == *name;
+            if !own || !named || itemsize != numpy_itemsize(dtype) || kind.len() != 1 {
                 return Ok(None);
             }
             let scalar = ty.as_ptr() as usize;
