@@ -29,7 +29,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 /// The thread that last found itself registered (`pthread_self` of it; 0 for
 /// none), so that a run of calls on one thread (the main thread, mostly) costs
 /// a load and a compare. Cleared by that thread's end, before glibc can give
-/// its `pthread_t` to a new thread.
+/// its `pthread_t` to a new thread, and in a forked child.
 static LAST_REGISTERED: AtomicU64 = AtomicU64::new(0);
 
 /// Makes the calling thread park, from now until it ends, if `pthread_exit`
@@ -145,8 +145,19 @@ mod glibc {
         static REGISTRATION: ThreadRegistration = ThreadRegistration::new();
     }
 
+    /// In a forked child, the parent's other threads are gone and glibc gives
+    /// their stacks, and so their `pthread_t`s, to the child's new threads.
+    extern "C" fn forget_after_fork() {
+        super::LAST_REGISTERED.store(0, Ordering::Relaxed);
+    }
+
     #[cold]
     pub(super) fn register(this: u64) {
+        static FORK_HANDLER: std::sync::Once = std::sync::Once::new();
+        // SAFETY: a handler that stores to an atomic, as a forked child may.
+        FORK_HANDLER.call_once(|| unsafe {
+            libc::pthread_atfork(None, None, Some(forget_after_fork));
+        });
         // Err only while the thread's locals are destroyed: it is ending by
         // returning, and is not remembered as registered.
         if REGISTRATION.try_with(|registration| registration.thread.set(this)).is_ok() {
