@@ -20,8 +20,9 @@ use pyo3::ffi;
 
 use dlbridge::thread_exit::parking_on_exit;
 
-/// Called first by every function and method that Python code calls and that
-/// may run Python code in turn: registers the thread (see the module).
+/// Called first by every function and method Python calls (any of them may
+/// run Python code: an allocation may start a collection): registers the
+/// thread (see the module).
 #[inline]
 pub(crate) fn entered() {
     dlbridge::thread_exit::park_this_thread_if_ended();
