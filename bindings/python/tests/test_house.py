@@ -1,8 +1,11 @@
 """scripts/house.py, which CI runs (`./dev house`), finds what it is for: a circle of Rust modules, a circle
-of Python modules, and a long file; and a tree without them passes."""
+of Python modules, a long file, and a function Python calls that does not register its thread first;
+and a tree without them passes."""
 
 import importlib.util
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -66,6 +69,45 @@ def test_a_long_file_is_found(tmp_path, capsys):
     tree(tmp_path, {**CLEAN, "pkg/two.py": "x = 1\n" * 401})
     assert load_house(tmp_path).main() == 1
     assert "pkg/two.py has 401 lines (over 400)" in capsys.readouterr().out
+
+
+ENTRIES = """#[pyfunction]
+fn first(x: i64) -> i64 {
+    entered();
+    x
+}
+
+#[pymethods]
+impl T {
+    #[getter]
+    fn shape(&self) -> usize {
+        crate::python_calls::entered();
+        let f = |y: usize| { y };
+        f(1)
+    }
+
+    fn __len__(&self) -> usize {
+        entered();
+        0
+    }
+}
+"""
+
+
+def test_entries_that_register_first_pass(tmp_path, capsys):
+    tree(tmp_path, {**CLEAN, "dlbridge-pyo3/src/entries.rs": ENTRIES})
+    assert load_house(tmp_path).main() == 0, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, unregistered", [
+    ("first", ENTRIES.replace("    entered();\n    x", "    x")),
+    ("shape", ENTRIES.replace("        crate::python_calls::entered();\n", "")),
+    ("__len__", ENTRIES.replace("        entered();\n        0", "        0")),
+])
+def test_an_entry_that_does_not_register_first_is_found(tmp_path, capsys, name, unregistered):
+    tree(tmp_path, {**CLEAN, "dlbridge-pyo3/src/entries.rs": unregistered})
+    assert load_house(tmp_path).main() == 1
+    assert f"dlbridge-pyo3/src/entries.rs: {name} does not begin with entered()" in capsys.readouterr().out
 
 
 def test_this_repository_keeps_the_rules(capsys):
