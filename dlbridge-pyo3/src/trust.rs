@@ -11,7 +11,7 @@
 //! | trusted | for | because | impostor test |
 //! |---|---|---|---|
 //! | torch's exchange table | importing and filling torch tensors without `__dlpack__` | its address is what torch's builtin `torch._C._dlpack_exchange_api` returns, and the object's type has the static `torch._C.TensorBase` in its real MRO | `test_trust.py::test_a_class_with_torchs_capsule_*` |
-//! | another producer's exchange table | the same | published by a static type that also defines (in its real dict) the `__dlpack__` its instances run, and read from that dict (a metaclass answers attribute lookups) (dlbridge's own tensors are imported directly; its table takes exact `dlbridge.Tensor` objects only) | `test_trust.py::test_a_heap_type_publishing_a_table_*`, `test_trust.py::test_a_class_with_dlbridges_capsule_*`, `test_trust.py::test_a_metaclass_cannot_answer_*` |
+//! | another producer's exchange table | the same | published by a static type that also defines (in its real dict) the `__dlpack__` its instances run, read from that dict (a metaclass answers attribute lookups), and made by the type's own library (`gc.get_referents` reaches a static type's dict) (dlbridge's own tensors are imported directly; its table takes exact `dlbridge.Tensor` objects only) | `test_trust.py::test_a_heap_type_publishing_a_table_*`, `test_trust.py::test_a_class_with_dlbridges_capsule_*`, `test_trust.py::test_a_metaclass_cannot_answer_*`, `test_trust.py::test_a_table_written_into_*` |
 //! | NumPy's array struct | reading arrays in place | the exact type is a static type named `numpy.ndarray`, with room for the struct | `test_soundness.py::test_a_class_named_numpy_ndarray_*`, `test_soundness.py::test_numpy_ndarray_rebound_*` |
 //! | `ml_dtypes`' scalar types | naming dtypes NumPy lacks, sizing `numpy()`'s views | `numpy.generic` subclasses with a NumPy dtype registered for them (only C code registers one: a user-defined type number whose scalar type is this one), named as the attribute that holds them, of the item size of the DLPack dtype they name, read once before any field of an array | `test_ml_dtypes.py::test_an_impostor_ml_dtypes_module_*`, `test_ml_dtypes.py::test_a_numpy_subclass_posing_*`, `test_ml_dtypes.py::test_a_module_pointing_names_*`, `test_ml_dtypes_rebound.py::test_a_rebound_ml_dtypes_*` |
 //! | the package's `Tensor` table | adopting and describing package tensors | a capsule in the interpreter's state dict, of this ABI major and size | `test_trust.py::test_the_package_table_*` |
@@ -65,6 +65,20 @@ pub(crate) unsafe fn is_static_type_named(ty: *mut ffi::PyTypeObject, name: &CSt
     let named = name.to_bytes_with_nul().iter().enumerate().all(|(i, &b)| unsafe { *(*ty).tp_name.add(i) } as u8 == b);
     // SAFETY: forwarded from the caller.
     named && unsafe { is_static_type(ty) }
+}
+
+/// Whether two addresses lie in one loaded object (the executable or one
+/// shared library): a static type vouches only for a table its own library
+/// made (Python code can reach a static type's real dict through
+/// `gc.get_referents`, and write another library's table there).
+pub(crate) fn in_one_loaded_object(a: *const core::ffi::c_void, b: *const core::ffi::c_void) -> bool {
+    let base = |address: *const core::ffi::c_void| {
+        // SAFETY: Dl_info is plain data that dladdr fills; any address may be asked about.
+        let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+        // SAFETY: as above.
+        (unsafe { libc::dladdr(address, &mut info) } != 0 && !info.dli_fbase.is_null()).then_some(info.dli_fbase)
+    };
+    matches!((base(a), base(b)), (Some(x), Some(y)) if x == y)
 }
 
 /// The class of `ty`'s real MRO whose own dict defines `name`: where CPython's

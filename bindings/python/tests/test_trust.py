@@ -130,6 +130,26 @@ def test_a_metaclass_cannot_answer_another_capsule_for_a_static_publisher(capsul
     assert (rc, out) == (0, "[0.0, 1.0, 2.0, 3.0] []"), err
 
 
+def test_a_table_written_into_a_static_types_dict_from_python_is_not_trusted():
+    # gc.get_referents hands Python code a static type's real dict: tvm-ffi's test table and a
+    # __dlpack__ written into object's made every plain object a "static publisher's" instance
+    # (a segfault in tvm-ffi's table). A static type vouches only for a table its own library made.
+    pytest.importorskip("tvm_ffi")
+    rc, out, err = child("""
+        import gc, tvm_ffi.core as core, dlbridge
+        class Plain:
+            pass
+        real = gc.get_referents(object.__dict__)[0]
+        real["__dlpack__"] = lambda self, **kwargs: None
+        real["__dlpack_c_exchange_api__"] = core.DLTensorTestWrapper.__dict__["__dlpack_c_exchange_api__"]
+        try:
+            dlbridge.from_dlpack(Plain())
+        except Exception as e:
+            print(type(e).__name__)
+    """)
+    assert (rc, out) == (0, "TypeError"), err
+
+
 def test_torch_tensors_still_use_torchs_table():
     # The real thing keeps its fast path: torch's __dlpack__ is not called for a plain tensor.
     rc, out, err = child("""

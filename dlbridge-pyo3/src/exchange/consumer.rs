@@ -27,7 +27,7 @@ use pyo3::{ffi, intern};
 
 use super::guard::{torch_checks, Guard};
 use super::{compatible, EXCHANGE_API_CAPSULE_NAME};
-use crate::trust::{definer, is_static_type, own_dict_item, trusted_for_tests};
+use crate::trust::{definer, in_one_loaded_object, is_static_type, own_dict_item, trusted_for_tests};
 use crate::writability::Writability;
 
 /// A type's exchange table and the checks to make before using it.
@@ -68,12 +68,16 @@ fn find(ty: &Bound<'_, PyType>) -> Option<Table> {
         None => Guard::None,
     };
     // torch's own table on a real torch type; any other table (another torch
-    // type's, such as ReadOnlyTensorWrapper's) only from a static type.
-    // (dlbridge's own tensors never get here: they are imported directly.)
+    // type's, such as ReadOnlyTensorWrapper's) only from a static type, made
+    // by the type's own library. (dlbridge's own tensors never get here: they
+    // are imported directly.)
     let trusted = match guard {
         Guard::Torch(checks) if checks.is_torch_table(api) => true,
-        // SAFETY: a live type object.
-        _ => (unsafe { is_static_type(publisher.as_type_ptr()) }) || trusted_for_tests(py, api),
+        _ => {
+            let (table, ty) = (core::ptr::from_ref(api).cast(), publisher.as_type_ptr().cast_const().cast());
+            // SAFETY: a live type object.
+            (unsafe { is_static_type(publisher.as_type_ptr()) } && in_one_loaded_object(table, ty)) || trusted_for_tests(py, api)
+        }
     };
     if !trusted || !guard.dispatches_nothing(ty) {
         return None;
