@@ -15,10 +15,8 @@
 //! points (`errors::for_c_caller`) and the calls below register too.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyString, PyTuple};
 use pyo3::ffi;
-
-use dlbridge::thread_exit::parking_on_exit;
+use pyo3::types::PyString;
 
 /// Called first by every function and method Python calls (any of them may
 /// run Python code: an allocation may start a collection): registers the
@@ -43,50 +41,28 @@ impl<'a, 'py, T: FromPyObject<'a, 'py, Error = PyErr>> FromPyObject<'a, 'py> for
     }
 }
 
-/// `callable(*args)`.
-pub(crate) fn call<'py>(callable: &Bound<'py, PyAny>, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyAny>> {
-    let (callable_ptr, args_ptr) = (callable.as_ptr(), args.as_ptr());
-    // SAFETY: live objects borrowed for the call, with the GIL held; the
-    // closure only calls into Python. A new reference or NULL with an error set.
-    unsafe {
-        let result = parking_on_exit(|| ffi::PyObject_Call(callable_ptr, args_ptr, core::ptr::null_mut()));
-        Bound::from_owned_ptr_or_err(callable.py(), result)
-    }
-}
-
 /// `callable(arg)`.
 pub(crate) fn call1<'py>(callable: &Bound<'py, PyAny>, arg: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    call(callable, &PyTuple::new(callable.py(), [arg])?)
+    entered();
+    callable.call1((arg,))
 }
 
 /// `obj.name()`.
 pub(crate) fn call_method0<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
-    let (obj_ptr, name_ptr) = (obj.as_ptr(), name.as_ptr());
-    // SAFETY: as in `call`.
-    unsafe {
-        let result = parking_on_exit(|| ffi::PyObject_CallMethodNoArgs(obj_ptr, name_ptr));
-        Bound::from_owned_ptr_or_err(obj.py(), result)
-    }
+    entered();
+    obj.call_method0(name)
 }
 
 /// `obj.name`, which a property may compute in Python.
 pub(crate) fn getattr<'py>(obj: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
-    let (obj_ptr, name_ptr) = (obj.as_ptr(), name.as_ptr());
-    // SAFETY: as in `call`.
-    unsafe {
-        let result = parking_on_exit(|| ffi::PyObject_GetAttr(obj_ptr, name_ptr));
-        Bound::from_owned_ptr_or_err(obj.py(), result)
-    }
+    entered();
+    obj.getattr(name)
 }
 
 /// `import name`, which runs the module's code the first time.
 pub(crate) fn import<'py>(py: Python<'py>, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
-    let name_ptr = name.as_ptr();
-    // SAFETY: as in `call`.
-    unsafe {
-        let result = parking_on_exit(|| ffi::PyImport_Import(name_ptr));
-        Bound::from_owned_ptr_or_err(py, result)
-    }
+    entered();
+    Ok(PyModule::import(py, name)?.into_any())
 }
 
 /// A vectorcall of method `name` with `args` (self first) and `kwnames`, as
@@ -103,10 +79,7 @@ pub(crate) unsafe fn vectorcall_method<'py>(
     nargsf: usize,
     kwnames: *mut ffi::PyObject,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let (name_ptr, args_ptr) = (name.as_ptr(), args.as_ptr());
-    // SAFETY: forwarded from the caller; the closure only calls into Python.
-    unsafe {
-        let result = parking_on_exit(|| ffi::PyObject_VectorcallMethod(name_ptr, args_ptr, nargsf, kwnames));
-        Bound::from_owned_ptr_or_err(py, result)
-    }
+    entered();
+    // SAFETY: forwarded from the caller; a new reference or NULL with an error set.
+    unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyObject_VectorcallMethod(name.as_ptr(), args.as_ptr(), nargsf, kwnames)) }
 }
