@@ -171,14 +171,7 @@ def long_files():
 ENTRY = re.compile(r"#\[(pyfunction|pymethods)\b")
 ENTERED = re.compile(r"\s*(crate::python_calls::)?entered\(\);")
 UNREGISTERED_OK = {"testing.rs"}  # test hooks, never in a wheel
-
-
-def function_bodies(text, start, end):
-    """(name, offset of the body's first character) of each `fn` with a body in text[start:end]."""
-    for m in re.finditer(r"\bfn\s+(\w+)", text[start:end]):
-        brace, semicolon = text.find("{", start + m.end()), text.find(";", start + m.end())
-        if brace != -1 and (semicolon == -1 or brace < semicolon):
-            yield m.group(1), brace + 1
+FN = re.compile(r"\bfn\s+(\w+)")
 
 
 def block_end(text, brace):
@@ -191,6 +184,24 @@ def block_end(text, brace):
     return len(text)
 
 
+def entry_functions(text):
+    """(name, offset of the body) of each `#[pyfunction]`, and of each method with a body directly
+    inside a `#[pymethods]` block (not closures or functions nested in a method)."""
+    for m in ENTRY.finditer(text):
+        start = text.find("{", m.end()) + 1 if m.group(1) == "pymethods" else m.end()
+        end = block_end(text, start - 1) if m.group(1) == "pymethods" else len(text)
+        position = start
+        while (fn := FN.search(text, position, end)) is not None:
+            brace, semicolon = text.find("{", fn.end()), text.find(";", fn.end())
+            if brace != -1 and (semicolon == -1 or brace < semicolon):
+                yield fn.group(1), brace + 1
+                position = block_end(text, brace)
+            else:
+                position = fn.end()
+            if m.group(1) == "pyfunction":
+                break
+
+
 def unregistered_entries():
     crate = ROOT / "dlbridge-pyo3" / "src"
     breaches = []
@@ -198,23 +209,9 @@ def unregistered_entries():
         if file.name in UNREGISTERED_OK:
             continue
         text = re.sub(r"//[^\n]*", "", file.read_text())
-        for m in ENTRY.finditer(text):
-            brace = text.find("{", m.end())
-            if m.group(1) == "pyfunction":
-                fn = re.compile(r"\bfn\s+(\w+)").search(text, m.end())
-                bodies = [(fn.group(1), text.find("{", fn.end()) + 1)]
-            else:
-                end = block_end(text, brace)
-                inner = text[brace + 1:end - 1]
-                # Methods only (depth 0 inside the impl block), not closures or nested fns.
-                bodies, depth = [], 0
-                for i, ch in enumerate(inner):
-                    depth += {"{": 1, "}": -1}.get(ch, 0)
-                    if ch == "f" and depth == 0 and re.match(r"fn\s+\w+", inner[i:]) and not re.match(r"\w", inner[i - 1:i] or " "):
-                        bodies += list(function_bodies(text, brace + 1 + i, brace + 1 + i + 3 + 200))[:1]
-            for name, body in bodies:
-                if not ENTERED.match(text, body):
-                    breaches.append(f"{file.relative_to(ROOT)}: {name} does not begin with entered()")
+        for name, body in entry_functions(text):
+            if not ENTERED.match(text, body):
+                breaches.append(f"{file.relative_to(ROOT)}: {name} does not begin with entered()")
     return breaches
 
 
