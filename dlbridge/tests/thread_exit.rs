@@ -5,34 +5,55 @@
 #![cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-static UNWOUND: AtomicBool = AtomicBool::new(false);
-static RETURNED: AtomicBool = AtomicBool::new(false);
-
-struct Marker;
+/// Sets its flag when dropped: the frame that holds it was unwound.
+struct Marker(Arc<AtomicBool>);
 
 impl Drop for Marker {
     fn drop(&mut self) {
-        UNWOUND.store(true, Ordering::SeqCst);
+        self.0.store(true, Ordering::SeqCst);
     }
+}
+
+/// Runs `body`, which ends its thread, on a new thread under a frame with a
+/// destructor (and std's `catch_unwind`, around every spawned thread); whether
+/// that frame was unwound.
+fn unwound_when_ended(body: impl FnOnce() + Send + 'static) -> bool {
+    let unwound = Arc::new(AtomicBool::new(false));
+    let marker = Marker(Arc::clone(&unwound));
+    let (entered, wait) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _marker = marker;
+        entered.send(()).unwrap();
+        body();
+    });
+    wait.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    unwound.load(Ordering::SeqCst)
+}
+
+fn end_thread() {
+    // SAFETY: ends the calling thread; nothing after it runs.
+    unsafe { libc::pthread_exit(core::ptr::null_mut()) }
+}
+
+fn this_thread() -> libc::pthread_t {
+    // SAFETY: may be called on any thread.
+    unsafe { libc::pthread_self() }
 }
 
 #[test]
 fn a_thread_ended_inside_a_guarded_call_parks_without_unwinding_rust_frames() {
-    let (entered, wait) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _marker = Marker;
-        entered.send(()).unwrap();
-        // SAFETY: pthread_exit ends the thread; nothing after it runs.
-        dlbridge::thread_exit::parking_on_exit(|| unsafe { libc::pthread_exit(core::ptr::null_mut()) });
-        RETURNED.store(true, Ordering::SeqCst);
+    let returned = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&returned);
+    let unwound = unwound_when_ended(move || {
+        dlbridge::thread_exit::parking_on_exit(end_thread);
+        flag.store(true, Ordering::SeqCst);
     });
-    wait.recv().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(!UNWOUND.load(Ordering::SeqCst), "a Rust frame outside the guarded call was unwound");
-    assert!(!RETURNED.load(Ordering::SeqCst), "the guarded call returned from pthread_exit");
+    assert!(!unwound, "a Rust frame outside the guarded call was unwound");
+    assert!(!returned.load(Ordering::SeqCst), "the guarded call returned from pthread_exit");
 }
 
 #[test]
@@ -43,26 +64,11 @@ fn a_guarded_call_returns_its_result() {
 
 #[test]
 fn a_registered_thread_ended_anywhere_parks_without_unwinding_rust_frames() {
-    static UNWOUND_HERE: AtomicBool = AtomicBool::new(false);
-    struct MarkerHere;
-    impl Drop for MarkerHere {
-        fn drop(&mut self) {
-            UNWOUND_HERE.store(true, Ordering::SeqCst);
-        }
-    }
-    let (entered, wait) = mpsc::channel();
-    std::thread::spawn(move || {
+    let unwound = unwound_when_ended(|| {
         dlbridge::thread_exit::park_this_thread_if_ended();
-        // A frame with a destructor and std's catch_unwind (around every spawned
-        // thread) between the registration and the end: neither may run.
-        let _marker = MarkerHere;
-        entered.send(()).unwrap();
-        // SAFETY: ends the thread; nothing after it runs.
-        unsafe { libc::pthread_exit(core::ptr::null_mut()) };
+        end_thread();
     });
-    wait.recv().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(!UNWOUND_HERE.load(Ordering::SeqCst), "a Rust frame was unwound after the thread registered");
+    assert!(!unwound, "a Rust frame was unwound after the thread registered");
 }
 
 #[test]
@@ -78,32 +84,20 @@ fn a_registered_thread_that_returns_ends_normally() {
 
 #[test]
 fn a_thread_given_an_ended_threads_pthread_t_registers_itself() {
-    static UNWOUND_REUSED: AtomicBool = AtomicBool::new(false);
-    struct MarkerReused;
-    impl Drop for MarkerReused {
-        fn drop(&mut self) {
-            UNWOUND_REUSED.store(true, Ordering::SeqCst);
-        }
-    }
-    // SAFETY: pthread_self may be called on any thread.
     let ended = std::thread::spawn(|| {
         dlbridge::thread_exit::park_this_thread_if_ended();
-        unsafe { libc::pthread_self() }
+        this_thread()
     })
     .join()
     .unwrap();
     // glibc gives a joined thread's stack, and with it its pthread_t, to the next thread.
-    let (entered, wait) = mpsc::channel();
-    std::thread::spawn(move || {
-        // SAFETY: as above.
-        let reused = unsafe { libc::pthread_self() } == ended;
+    let reused = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&reused);
+    let unwound = unwound_when_ended(move || {
+        flag.store(this_thread() == ended, Ordering::SeqCst);
         dlbridge::thread_exit::park_this_thread_if_ended();
-        let _marker = MarkerReused;
-        entered.send(reused).unwrap();
-        // SAFETY: ends the thread; nothing after it runs.
-        unsafe { libc::pthread_exit(core::ptr::null_mut()) };
+        end_thread();
     });
-    let reused = wait.recv().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(!UNWOUND_REUSED.load(Ordering::SeqCst), "a thread with a reused pthread_t (reused: {reused}) was unwound");
+    let reused = reused.load(Ordering::SeqCst);
+    assert!(!unwound, "a thread with a reused pthread_t (reused: {reused}) was unwound");
 }
