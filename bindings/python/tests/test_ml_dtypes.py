@@ -24,6 +24,11 @@ TORCH = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn, "floa
          "float8_e8m0fnu": torch.float8_e8m0fnu}
 
 
+def child(code, env=None):
+    """Runs `code` in a fresh interpreter (where a fake ml_dtypes, or a crash, stays)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+
+
 def sample(name):
     dtype = np.dtype(getattr(ml_dtypes, name))
     values = np.array([1.0, 0.5, 2.0, 1.5, 0.25, 1.0], dtype=np.float32)
@@ -91,7 +96,7 @@ def test_without_ml_dtypes_the_error_names_it():
         "try:\n    t.numpy()\nexcept TypeError as e:\n    print('refused:', e)\n"
         "print(dlbridge.from_dlpack(torch.ones(2)).numpy().tolist())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = child(code)
     assert out.returncode == 0, out.stderr
     assert "refused: a bfloat16 tensor needs the ml_dtypes package" in out.stdout and "[1.0, 1.0]" in out.stdout
 
@@ -143,7 +148,7 @@ def test_an_impostor_ml_dtypes_module_is_not_trusted():
         "del sys.modules['ml_dtypes']; import ml_dtypes\n"
         "print(dlbridge.from_dlpack(np.ones(2, ml_dtypes.bfloat16)).dtype)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = child(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:3] == ["refused", "[42, 42, 42, 42]", "bfloat16"]
 
@@ -164,7 +169,7 @@ def test_a_numpy_subclass_posing_as_an_ml_dtypes_type_is_not_trusted():
         "del sys.modules['ml_dtypes']; import ml_dtypes\n"
         "a = t.numpy(); print(a.dtype, [float(v) for v in a])\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = child(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["refused", "bfloat16 [1.0, 2.0, 3.0]"]
 
@@ -188,7 +193,7 @@ def test_a_module_pointing_names_at_other_ml_dtypes_types_is_not_trusted():
         "sys.modules['ml_dtypes'] = real\n"
         "print(t.numpy().dtype, [float(v) for v in t.numpy()])\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = child(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["refused", "float8_e4m3fn [1.5, -2.0, 448.0]"]
 
@@ -217,7 +222,7 @@ def test_python_run_by_the_ml_dtypes_lookup_cannot_free_what_the_import_reads():
         "print(dlbridge.from_dlpack(np.ones(2, ml_dtypes.bfloat16)).dtype)\n"
     )
     env = dict(os.environ, PYTHONMALLOC="malloc")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    out = child(code, env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["uint16 [0, 0, 0, 0] True", "bfloat16"]
 
