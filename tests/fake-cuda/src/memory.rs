@@ -112,6 +112,22 @@ fn pools() -> Result<(), CuResult> {
     }
 }
 
+/// The device and stream of a stream-ordered allocation or free on `stream`,
+/// with the pools it needs; refused during a capture (a graph allocation is not
+/// modelled: dlbridge must not ask for one).
+fn pool_stream(stream: usize) -> Result<(i64, StreamKey), CuResult> {
+    let (device, key) = stream_in_context(stream)?;
+    pools()?;
+    with_state(|s| {
+        s.check_legacy_use(key, false)?;
+        if s.queue(key).capture.is_some() {
+            return Err(capture::CAPTURE_UNSUPPORTED);
+        }
+        Ok(())
+    })?;
+    Ok((device, key))
+}
+
 /// Device memory from the device's pool, ordered on `stream` (the fake hands
 /// it out at once; dlbridge must not use it on another stream unordered,
 /// which the fake does not check).
@@ -121,16 +137,7 @@ fn pools() -> Result<(), CuResult> {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(ptr: *mut u64, len: usize, stream: usize) -> CuResult {
     result((|| {
-        let (device, key) = stream_in_context(stream)?;
-        pools()?;
-        with_state(|s| {
-            s.check_legacy_use(key, false)?;
-            // A graph allocation is not modelled: dlbridge must not ask for one.
-            if s.queue(key).capture.is_some() {
-                return Err(capture::CAPTURE_UNSUPPORTED);
-            }
-            Ok(())
-        })?;
+        let (device, _) = pool_stream(stream)?;
         let address = allocate(len, Place::Device(device), Kind::AllocAsync)?;
         log(Kind::AllocAsync, stream as i64, len as i64);
         // SAFETY: the caller's out pointer.
@@ -144,15 +151,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(ptr: *mut u64, len: usize, stream: usiz
 #[no_mangle]
 pub extern "C" fn cuMemFreeAsync(ptr: u64, stream: usize) -> CuResult {
     result((|| {
-        let (_, key) = stream_in_context(stream)?;
-        pools()?;
-        with_state(|s| {
-            s.check_legacy_use(key, false)?;
-            if s.queue(key).capture.is_some() {
-                return Err(capture::CAPTURE_UNSUPPORTED);
-            }
-            Ok(())
-        })?;
+        let (_, key) = pool_stream(stream)?;
         let (size, place) = free_later(ptr as usize, Kind::Alloc)?;
         with_state(|s| s.enqueue(key, Work::Release { ptr: ptr as usize, size, place }, Vec::new()))?;
         log(Kind::FreeAsync, ptr as i64, stream as i64);
